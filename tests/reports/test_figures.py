@@ -937,6 +937,41 @@ def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
         plt.close("all")
 
 
+def test_kv_eviction_draws_a_policy_within_one_rounding_step_of_a_later_one_visibly():
+    """Review 15a C5: heavy hitters' mean change was within one bfloat16 step (2^-7 = 0.0078 for metrics under 1) of
+    the window's at every budget, its circles hidden under the window's diamonds. By hand: two prompts of context 8,
+    full-cache metric 0.25 (step eps(bf16) x max(1, 0.25) = 2^-7); heavy hitters' changes -0.0625 and 0 at budgets 2
+    and 4, the window's -0.0625 + 2^-8 and 0: within one step at both, so heavy hitters is drawn over it, dashed with
+    open markers, and its legend says so; 2^-6 apart at one budget, it is not."""
+    import torch
+
+    from headscope.analyses.core.result import Result
+
+    assert float(torch.finfo(torch.bfloat16).eps) == 2 ** -7
+
+    def result(gap):
+        rows = [{"policy": "full", "budget": 8, "example": e, "context": 8, "metric": 0.25} for e in range(2)]
+        for policy, shift in (("heavy_hitters", 0.0), ("window", gap)):
+            rows += [{"policy": policy, "budget": b, "example": e, "context": 8, "metric": 0.25 + d + shift}
+                     for b, d in ((2, -0.0625), (4, 0.0)) for e in range(2)]
+        return Result(name="kv", df=pd.DataFrame(rows), tables={"norms": pd.DataFrame(), "sinks": pd.DataFrame()},
+                      summary={"metric": "logit_diff", "dtype": "bfloat16", "recent_share": 0.5})
+
+    for gap, hidden in ((2 ** -8, True), (2 ** -6, False)):
+        from headscope.reports import plots_kv
+
+        ax = plots_kv.plot_eviction(result(gap).df, metric="logit_diff", recent_share=0.5,
+                                    step=plots_kv._rounding_step(result(gap)), ax=plt.subplots()[1])
+        try:
+            heavy = next(li for li in ax.get_lines() if li.get_label().startswith("heavy hitters"))
+            window = next(li for li in ax.get_lines() if li.get_label() == "window")
+            note = "(drawn dashed: within one rounding\nstep, 0.0078, of window\nat every budget)"
+            assert (note in heavy.get_label()) is hidden and (heavy.get_linestyle() == "--") is hidden
+            assert (heavy.get_zorder() > window.get_zorder()) is hidden and window.get_linestyle() == "-"
+        finally:
+            plt.close("all")
+
+
 def test_kv_eviction_tick_labels_never_collide_for_close_budgets():
     """Review 7 B3: budgets 16 and 19 on the log axis printed "16 / 6/16" and "19 / 0/16" into each other. With
     budgets 16, 17, 19 and 20 as close neighbours, the saved figure's drawn tick labels do not overlap; every
