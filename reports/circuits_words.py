@@ -216,6 +216,8 @@ def finding(s: Mapping[str, Any]) -> str:
             total = f" (final {what} {final:.3g}{near})" if final is not None else ""
         parts.append("Direct logit attribution" + total
                      + f" ranks no writer and the circuit's faithfulness is not reported: {why}.")
+        if isinstance(s.get("gap_within_noise"), Mapping) and not isinstance(s.get("edges_skipped"), str):
+            parts.append(_gap_noise_words(s))  # review 15a C4: the gap the ratios would divide by is noise too
         return " ".join(parts)
     if top:
         parts.append(_writers(s, top, final) + _totals(s) + _post_norms(s) + _attn_bias(s))

@@ -47,8 +47,9 @@ def refuses_to_rank(run: Run, method: str) -> str | None:
     base = s.get("baseline_metric")
     if "chance" not in s and s.get("metric") == "logit_diff" and isinstance(base, (int, float)) and abs(base) < 0.1:
         return f"is at chance on its task (logit difference {base:.3g}, near 0)"
-    if s.get(f"degenerate_{method}"):
-        return f"has {method} importance that is rounding, not a measurement"
+    if s.get(f"degenerate_{method}"):  # review 15a B2: a gradient's values are measured, its predicted changes are not
+        return (f"has {method} importance whose predicted loss changes are under the rounding floor" if method == "gradient"
+                else f"has {method} importance that is rounding, not a measurement")
     return None
 
 

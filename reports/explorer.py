@@ -45,7 +45,7 @@ from headscope.analyses.core.attention_capture import SCALE, Captured, capture_e
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
 from headscope.models.hooked_model import layer_windows
-from headscope.reports.explorer_view import explorer_html, muted_scores
+from headscope.reports.explorer_view import explorer_html, muted_scores, under_floor
 from headscope.reports.heads_words import lead_ablation
 from headscope.reports.html_report import EXPLORER_FILE
 from headscope.reports.tokens_view import HTMLView, pattern_view
@@ -286,13 +286,17 @@ def opening_score(names: Any, heads_summary: Mapping[str, Any] | None) -> str | 
     """The importance the grid opens on: the ablation the heads finding leads with (heads_words.lead_ablation; review
     13c B2: MiniLM's opened on the contrastive-loss gradient while its finding named the zero-ablation heads), else
     gradient, else an ablation, skipping one the heads summary mutes (explorer_view.muted_scores: under its numerical
-    floor; review 11b B2); the first present where every one is muted (at chance); None without importance."""
+    floor; review 11b B2); where every one is muted (at chance) the first not under its floor, else the first present;
+    None without importance."""
     present = [n for n in IMPORTANCE_ORDER if n in names]
     muted = muted_scores(present, heads_summary)
     lead = lead_ablation(heads_summary) if isinstance(heads_summary, Mapping) else None
     if lead and f"importance ({lead})" in present and f"importance ({lead})" not in muted:
         return f"importance ({lead})"
-    return next((n for n in present if n not in muted), present[0] if present else None)
+    # every one muted (at chance): one not also under its numerical floor (review 15a C2: Granite bf16 opened on a
+    # gradient whose predicted loss changes the heads section had put under its floor)
+    return next((n for n in present if n not in muted), next((n for n in present if not under_floor(n, heads_summary)),
+                                                               present[0] if present else None))
 
 
 def _heads_summary(out: Path) -> Mapping[str, Any] | None:

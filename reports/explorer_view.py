@@ -110,15 +110,28 @@ def muted_scores(score_names: Any, heads_summary: Mapping[str, Any] | None) -> d
         m = re.fullmatch(r"importance \((.+)\)", str(name))
         if not m:
             continue
+        said = []
         if at_chance:
             why = chance.get("reason") or "its clean metric is within noise of chance"
             task = f" {s['task']}" if s.get("task") else ""
             where = "below" if chance.get("below_chance") is True else "at"
-            out[name] = (f"the model is {where} chance on the heads task{task} ({why}), so these importances measure "
-                         "noise, not a mechanism.")
-        elif isinstance(s.get(f"degenerate_{m[1]}"), str):
-            out[name] = f"within numerical noise: {s[f'degenerate_{m[1]}']}."
+            said.append(f"the model is {where} chance on the heads task{task} ({why}), so these importances measure "
+                        "noise, not a mechanism.")
+        if under_floor(name, s):  # said at chance too (review 15a C2: the grid said only "at chance" of them)
+            floor = s[f"degenerate_{m[1]}"]
+            what = ("the loss changes these gradients predict are under the numerical floor" if m[1] == "gradient"
+                    else "within numerical noise")
+            said.append(f"{'Also, ' + what if said else what}: {floor}.")
+        if said:
+            out[name] = " ".join(said)
     return out
+
+
+def under_floor(name: str, heads_summary: Mapping[str, Any] | None) -> bool:
+    """Whether the importance score `name` ("importance (<method>)") is under its numerical floor: the heads summary's
+    degenerate_<method> (heads_words.degenerate_words says what that means for a gradient and an ablation)."""
+    m = re.fullmatch(r"importance \((.+)\)", str(name))
+    return bool(m) and isinstance(heads_summary, Mapping) and isinstance(heads_summary.get(f"degenerate_{m[1]}"), str)
 
 
 def undetermined_caveat(summary: Mapping[str, Any] | None, section: str, what: str) -> str:
@@ -175,4 +188,5 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
 
 
 __all__ = ["CSS", "HATCHED", "JS", "MASKED", "SCALE_NOTE", "SEQ_END", "caveat_scores", "explorer_html", "json_for_script",
-           "link_heads", "muted_scores", "section_links", "seq", "undetermined_caveat", "window_words"]
+           "link_heads", "muted_scores", "section_links", "seq", "undetermined_caveat", "under_floor",
+           "window_words"]

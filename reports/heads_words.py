@@ -284,6 +284,19 @@ def _sink_words(s: Mapping[str, Any], roles: Mapping[str, Any], *, ranked: bool 
 FINDING_METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}
 
 
+GRADIENT_UNDER_FLOOR = ("the loss changes its gradients predict are under the rounding floor, though the gradients "
+                        "themselves are measured")  # review 15a B2: the values are measurements, not rounding
+
+
+def degenerate_words(method: str, why: str) -> str:
+    """The sentence for importance under the numerical floor (degenerate_<method>): an ablation's changes are within
+    rounding; gradients are measured to their own precision, and what lies under the floor is the loss change they
+    predict (review 15a B2: 'rounding, not a measurement' beside a precision of 2.1e-05)."""
+    if method == "gradient":
+        return f"Gradient importance measures no head: {GRADIENT_UNDER_FLOOR}: {why}."
+    return f"{FINDING_METHOD_WORDS.get(method, method).capitalize()} importance is rounding, not a measurement: {why}."
+
+
 def unpruned_cosine(base: float) -> str:
     """The unpruned cosine, said for what it is: each embedding's cosine with itself, 1 up to float32 rounding
     (1e-6); a value further from 1 is named as the cosine's own rounding (a summary from before the encoder
@@ -423,7 +436,7 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(_leading_words(s, metric))
     degenerate = {k.removeprefix("degenerate_"): v for k, v in s.items() if k.startswith("degenerate_")}
     for method, why in degenerate.items():
-        parts.append(f"{FINDING_METHOD_WORDS.get(method, method).capitalize()} importance is rounding, not a measurement: {why}.")
+        parts.append(degenerate_words(method, why))
     noisy = {"gradient"} & set(degenerate) | ({"ablation"} if set(degenerate) & {"zero", "mean", "resample"} else set())
     prunable = {k.removeprefix("max_fraction_prunable_"): _num(v) for k, v in s.items()
                 if relative and k.startswith("max_fraction_prunable_") and _num(v) is not None

@@ -95,7 +95,9 @@ def plot_importance(data: pd.DataFrame, *, method: str | None = None, metric: st
         title += f"\n(≈0: within the rounding floor {floor:.2g})"
     notes = []
     if degenerate:  # importance under the numerical floor: say so on the figure, not only in the finding
-        notes.append("ROUNDING ONLY: no head measurably matters by this method"
+        notes.append(("UNDER THE FLOOR: the loss changes these gradients predict are under one rounding step, so no "
+                      "head measurably matters by this method" if method == "gradient"  # review 15a B2
+                      else "ROUNDING ONLY: no head measurably matters by this method")
                      + ("" if normalized else f" (scale fixed to the metric's size ±{bound:.3g})"))
     if quiet:
         notes.append(quiet)

@@ -38,8 +38,29 @@ def policy_label(policy: str, recent_share: float | None = None) -> str:
     return f"{name} (H2O: newest {100 * recent_share:.0f}%\n+ most attended rest)"
 
 
+def coincident(series: Mapping[str, pd.Series], step: float) -> dict[str, list[str]]:
+    """{policy: the later-drawn policies it lies under}: a policy each of whose points (budget -> change, in the
+    metric's units) has a later-drawn policy's point at the same budget within `step` (one rounding step of the
+    metric) is hidden under them (review 15a C5: heavy hitters within one bfloat16 step of the window or the sink
+    window at every budget, its circles under their markers) - the pruning figure's rule (plots_heads._hidden_labels,
+    review 12b B4), point by point."""
+    names, out = list(series), {}
+    for i, name in enumerate(names):
+        covers = []
+        for budget, value in series[name].items():
+            over = next((b for b in names[i + 1:] if budget in series[b].index
+                         and abs(float(series[b][budget]) - float(value)) <= step), None)
+            if over is None:
+                break
+            covers += [over] if over not in covers else []
+        else:
+            if len(series[name]):
+                out[name] = covers
+    return out
+
+
 def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, recent_share: float | None = None,
-                  chance: float | None = None, quiet: str | None = None):
+                  chance: float | None = None, quiet: str | None = None, step: float = 0.0):
     """What the kv finding measures (review 10a B3): per policy and budget, the change of the prompts that budget
     evicts from against those same prompts' own full cache, mean(policy - full) in the metric's own units with its 95%
     t interval (analyses/kv/holding.budget_changes, the finding's numbers times their scale), on the sweep `data` (the
@@ -48,7 +69,9 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
     full-cache mean that is 0 within noise ran to +-20,000%; units stay finite. quiet (plots.quiet_reason: the model
     at chance): a title line and muted colours. A budget that evicts from no prompt has no point (it
     equals the full cache by construction): averaging kept-whole prompts in, as a mean over all prompts does,
-    would halve a loss evicted from half the prompts. Under each budget's tick: n, the prompts it evicts from,
+    would halve a loss evicted from half the prompts. A policy within `step` (one rounding step of the metric,
+    metrics.noise_floor) of a later-drawn one at every budget (`coincident`) is drawn over it, dashed with open
+    markers, its legend entry saying it equals that one within rounding. Under each budget's tick: n, the prompts it evicts from,
     of all; a tick whose label would run into its neighbour's (close budgets on the log axis) is left unlabelled
     and the x label lists it with its count (plots.thin_xtick_labels)."""
     from headscope.analyses.kv.holding import TOLERANCE as BAND
@@ -64,10 +87,18 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
     colours = sns.color_palette(n_colors=max(1, table.policy.nunique() if len(table) else 1))
     if quiet:
         colours = [sns.desaturate(c, 0.3) for c in colours]  # plots.quiet_reason: muted at chance
-    for colour, marker, (policy, g) in zip(colours, "osD^v", table.groupby("policy", sort=False) if len(table) else []):
-        g = g[g.n_evicting > 0].sort_values("budget")
+    groups = [(p, g[g.n_evicting > 0].sort_values("budget")) for p, g in table.groupby("policy", sort=False)] \
+        if len(table) else []
+    under = coincident({str(p): pd.Series((g.change * g.scale).to_numpy(), index=g.budget.to_numpy()) for p, g in groups},
+                       step)
+    for colour, marker, (policy, g) in zip(colours, "osD^v", groups):
+        label, style = policy_label(str(policy), recent_share), {}
+        if str(policy) in under:  # would lie hidden under a later line: drawn over it, dashed, open markers
+            over = " or ".join(policy_label(o) for o in under[str(policy)])
+            label += f"\n(drawn dashed: within one rounding\nstep, {step:.2g}, of {over}\nat every budget)"
+            style = dict(ls="--", mfc="none", ms=9, mew=1.5, zorder=3)
         ax.plot(g.budget, g.change * g.scale, color=colour, marker=marker, lw=1.5,  # mean(policy - full), units
-                label=policy_label(str(policy), recent_share), alpha=0.6 if quiet else 1.0)
+                label=label, alpha=0.6 if quiet else 1.0, **style)
         ax.fill_between(g.budget, g.ci_low * g.scale, g.ci_high * g.scale, color=colour, alpha=0.2, lw=0)
     ax.axhline(0, color="grey", ls="--", lw=1, label="full cache (the same prompts)")
     if len(table) and "scale" in table:
@@ -184,6 +215,21 @@ def plot_sinks(data: pd.DataFrame, *, ax=None):
     return ax
 
 
+def _rounding_step(result) -> float:
+    """One rounding step of the kv metric in the run's dtype (metrics.noise_floor at the largest |full-cache metric|);
+    0 where the dtype is not recorded."""
+    import torch
+
+    from headscope.analyses.core.metrics import noise_floor
+
+    dtype = getattr(torch, str(result.summary.get("dtype") or ""), None)
+    df = result.df
+    if not isinstance(dtype, torch.dtype) or not len(df) or "metric" not in df:
+        return 0.0
+    size = float(df.loc[df.policy == "full", "metric"].abs().max()) if (df.policy == "full").any() else 1.0
+    return float(noise_floor(dtype, size if size == size else 1.0))
+
+
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a kv Result."""
     out = {}
@@ -191,7 +237,8 @@ def figures(result, **kwargs) -> dict:
     for stem, draw in (("kv_eviction", lambda: plot_eviction(result.df, metric=result.summary.get("metric"),
                                                            recent_share=result.summary.get("recent_share"),
                                                            chance=hold.get("chance"),
-                                                           quiet=quiet_reason(result.summary))),
+                                                           quiet=quiet_reason(result.summary),
+                                                           step=_rounding_step(result))),
                        ("kv_norms", lambda: plot_norms(result.tables["norms"], key_norm=result.summary.get("key_norm"),
                                                       n_prompts=result.summary.get("n_examples"))),
                        ("kv_sinks", lambda: plot_sinks(result.tables["sinks"]))):

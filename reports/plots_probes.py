@@ -242,6 +242,29 @@ def _tied_sentence(s: Mapping[str, Any], tied: list[str], value: str, digits: in
             f"{'the two' if one else 'these layers'} cannot be told apart")
 
 
+def correction_words(s: Mapping[str, Any]) -> str:
+    """How the chance verdict on the best layer was corrected for choosing it, and how close it is (review 15a B1:
+    above chance at p = 0.013 in float32, at chance in bfloat16, the best of 3 layers uncorrected): '' for an
+    uncorrected entry."""
+    entry = s.get("chance")
+    if not isinstance(entry, Mapping) or entry.get("correction") != "bonferroni":
+        return ""
+    m, p, raw = _num(entry.get("n_compared")), _num(entry.get("p_value")), _num(entry.get("p_value_uncorrected"))
+    alpha, level = _num(entry.get("alpha")) or 0.05, _num(entry.get("ci_level"))  # the family's alpha; the corrected level
+    if m is None or p is None or raw is None:
+        return ""
+    if entry.get("at_chance"):  # the opening sentence gives the corrected interval
+        verdict, span = "at chance" + (", narrowly (corrected p under twice the threshold)" if p < 2 * alpha else ""), ""
+    else:
+        verdict = "above chance" + (f", marginally (corrected p between {alpha / 5:g} and {alpha:g})"
+                                    if p >= alpha / 5 else "")
+        ci = entry.get("ci")
+        span = (f"; its {100 * level:.1f}% exact interval [{ci[0]:.3g}, {ci[1]:.3g}] against the majority baseline "
+                f"{_num(entry.get('chance_value')) or 0:.3g}" if level is not None and ci_pair(ci) else "")
+    return (f"The chance test takes the best of {m:.0f} layers, so it is Bonferroni-corrected for that choice "
+            f"(alpha {alpha:g}/{m:.0f}{span}): corrected p = {p:.2g} (uncorrected {raw:.2g}), {verdict}.")
+
+
 def chance_sentence(entry: Mapping[str, Any], s: Mapping[str, Any]) -> str:
     """The opening when the probe is at chance (reports.findings.finding calls it): an interval too wide
     to tell chance from a good probe (its upper end at least halfway from the majority rate to perfect)
@@ -254,7 +277,8 @@ def chance_sentence(entry: Mapping[str, Any], s: Mapping[str, Any]) -> str:
     n, classes = _scored(s), s.get("n_classes")
     per = f", about {n / classes:.0f} per class" if n and classes else ""
     who = f" with {n} examples" + (f" ({classes} classes{per})" if classes else "") if n else ""
-    value = _quantity(s, mean, ci, s.get("best_correct"))
+    shown = s.get("best_ci") if ci_pair(s.get("best_ci")) else ci  # the 95% interval _quantity names (the entry's
+    value = _quantity(s, mean, shown, s.get("best_correct"))  # may be Bonferroni-widened: correction_words gives it)
     return (f"The probe cannot be told from chance{who}: {value} holds both the majority baseline {level:.2f} and "
             f"{level + (1 - level) / 2:.2f}, halfway from it to perfect accuracy. The test is underpowered (not evidence "
             "that the property is absent); relative findings are not reported.")
@@ -306,6 +330,8 @@ def finding(s: Mapping[str, Any]) -> str:
                          f"{_tied_sentence(s, tied, value + against, digits)}.")
         if majority is not None and best <= majority + 0.02 and "chance" not in s:
             parts.append("That is chance level: the property is not linearly readable from these activations.")
+    if correction_words(s):
+        parts.append(correction_words(s))
     if read_words(s):
         parts.append(read_words(s))
     if rows_sentence(s):

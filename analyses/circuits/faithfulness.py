@@ -32,9 +32,9 @@ Every one of these (faithfulness, smallest_k_80, CPR, CMD) is a ratio over the c
 task metric (edge_metric: the logit difference answer minus wrong answer, or the answer's logit where the
 task has no wrong answers). Where that gap is within noise by patching's rule (`gap_noise`:
 chance.gap_within_noise on the per-example pairs, the 0.1-logit floor of a logit difference, as both
-metrics are in logits) the summary carries gap_within_noise (gap, its 95% CI, n, reason) and the findings
-and figures withhold them (review 14b A4: CPR 0.828 over a gap of -0.0105 logits); the numbers stay in
-the summary and tables as data.
+metrics are in logits) the summary carries gap_within_noise (gap, its 95% CI, n, reason) and none of the
+ratios is computed, stored or drawn: only the edge scores (review 14b A4, 15a C4: CPR 1.009 over a gap of
+1.4e-5 logits in float32, where bfloat16's exact 0 gap skipped edges; one rule for both dtypes).
 """
 from __future__ import annotations
 
@@ -286,16 +286,11 @@ def smallest_k(frame: pd.DataFrame, target: float = 0.8) -> int | None:
 def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int = 0, n_listed: int = 200,
                       target: float = 0.8, method: str | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
     """Edge scores (edges.edge_scores: `method`, or by ig_steps when None) and the faithfulness
-    sweep on `task`: ({"edges": top n_listed edges, "faithfulness": the sweep}, summary keys)."""
+    sweep on `task`: ({"edges": top n_listed edges, "faithfulness": the sweep, "mib"}, summary keys); only
+    the edges where the clean-corrupted gap is within noise (gap_noise)."""
     graph, scores, info = E.edge_scores(model, task, ig_steps=ig_steps, method=method)
-    ks = tuple(k_values) if k_values else default_k_values(graph.n_edges)
-    sweep = faithfulness_sweep(model, task, graph, scores, ks, seed=seed, metric_clean=info["metric_clean"],
-                               metric_corrupt=info["metric_corrupt"])
-    mib, cpr, cmd, boot = mib_curve(model, task, graph, scores, seed=seed)
     noise = gap_noise(info["metric_clean_rows"], info["metric_corrupt_rows"], task.wrong_answers is not None)
     top = E.top_edges(graph, scores, n_listed)
-    at_k = sweep[sweep.circuit == "top"].set_index("k").faithfulness
-    rand = sweep[sweep.circuit == "random"].groupby("k").faithfulness.mean()
     summary = {
         "edge_method": info["method"], "ig_steps": info["ig_steps"],
         "edge_method_detail": E.method_label(info["method"], info["ig_steps"]),
@@ -303,10 +298,22 @@ def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int =
         "edges_parallel_blocks": graph.parallel,  # each MLP reads its block's input: no same-layer head -> MLP edge
         "edge_metric": METRIC_NAMES[task.wrong_answers is not None],  # what m is: faithfulness's numerator
         "edge_metric_clean": info["metric_clean"], "edge_metric_corrupt": info["metric_corrupt"],
+        "top_edges": [f"{s} -> {r}: {v:+.4g}" for s, r, v in zip(top.sender[:10], top.receiver[:10], top.score[:10])],
+    }
+    if noise is not None:  # every ratio below divides by noise (an exact 0 gap included, as in bfloat16): patching's
+        # rule, one for both dtypes; neither computed, stored nor drawn (review 15a C4: CPR 1.009 over 1.4e-5 logits)
+        summary["gap_within_noise"] = noise
+        return {"edges": top}, summary
+    ks = tuple(k_values) if k_values else default_k_values(graph.n_edges)
+    sweep = faithfulness_sweep(model, task, graph, scores, ks, seed=seed, metric_clean=info["metric_clean"],
+                               metric_corrupt=info["metric_corrupt"])
+    mib, cpr, cmd, boot = mib_curve(model, task, graph, scores, seed=seed)
+    at_k = sweep[sweep.circuit == "top"].set_index("k").faithfulness
+    rand = sweep[sweep.circuit == "random"].groupby("k").faithfulness.mean()
+    summary.update({
         "smallest_k_80": smallest_k(sweep, target),
         "faithfulness_at_k": {str(k): float(v) for k, v in at_k.items()},
         "random_faithfulness_at_k": {str(k): float(v) for k, v in rand.items()},
-        "top_edges": [f"{s} -> {r}: {v:+.4g}" for s, r, v in zip(top.sender[:10], top.receiver[:10], top.score[:10])],
         "mib_cpr": cpr, "mib_cmd": cmd, "mib_cpr_ci": boot["cpr_ci"], "mib_cmd_ci": boot["cmd_ci"],
         "mib_n_examples": boot["n_examples"], "mib_n_boot": boot["n_boot"], "mib_ci_level": boot["level"],
         "mib_ci_method": MIB_CI_METHOD,
@@ -314,7 +321,5 @@ def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int =
         "mib_convention": "MIB (Mueller et al. 2025) evaluate_area_under_curve: top int(p * edges) by |score|, "
                           "trapezoid over linear p in 0.001..1; no pruning of disconnected edges; m(full), m(empty) "
                           "from the same ablation pass",
-    }
-    if noise is not None:  # every ratio above divides by noise: the findings and figures withhold them
-        summary["gap_within_noise"] = noise
+    })
     return {"edges": top, "faithfulness": sweep, "mib": mib}, summary

@@ -634,18 +634,26 @@ def gap_within_noise(clean: Sequence[float] | np.ndarray | torch.Tensor, corrupt
 
 def from_summary(summary: Mapping[str, Any], *, vocab_size: int | None = None) -> dict[str, Any] | None:
     """The guard from summary numbers alone, for results whose per-example values are not at hand:
-    a probe's best accuracy against its majority baseline (exact binomial over n_scored, else n_examples), else the
+    a probe's best accuracy against its majority baseline (exact binomial over n_scored, else n_examples; the best
+    of L > 1 layers is tested Bonferroni-corrected: its (1 - alpha / L) interval, p_value = min(1, L x p) with
+    p_value_uncorrected, correction, n_compared), else the
     clean mean of the task metric (baseline_metric, clean_metric unless normalised, metric_unevicted,
     dla_final_logit) against the effect floor."""
     metric = summary.get("metric")
     majority = summary.get("majority_baseline")
     if isinstance(majority, (int, float)) and metric == "accuracy" and f"best_{metric}" in summary:
         scored = summary.get("n_scored")  # the rows the probe was scored on (probes: not those it could not predict)
+        layers = summary.get(f"{metric}_per_layer")
+        compared = len(layers) if isinstance(layers, Mapping) and len(layers) > 1 else 1  # the best of these is tested
         out = assess_mean(summary[f"best_{metric}"], "accuracy",
                           n_examples=scored if isinstance(scored, int) else summary.get("n_examples"),
-                          chance=float(majority), floor=0.02)
+                          chance=float(majority), floor=0.02, alpha=ALPHA / compared)
         if out is not None:
             out["metric"] = "probe accuracy"
+            if compared > 1 and out.get("p_value") is not None:  # review 15a B1: choosing the best layer is a choice
+                raw = float(out["p_value"])
+                out.update(correction="bonferroni", n_compared=compared, p_value_uncorrected=raw,
+                           p_value=min(1.0, raw * compared), alpha=ALPHA)
         return out
     for key in ("baseline_metric", "clean_metric", "metric_unevicted", "dla_final_logit"):
         value = summary.get(key)

@@ -532,3 +532,20 @@ def test_the_findings_report_taus_with_the_caveat_instead_of_withholding_them():
     assert "The model is at chance" not in text and "0.48" in text  # the tau is reported, not withheld
     withheld = finding("attribution", {**s, "chance": {**entry, "at_chance": True, "undetermined": False}})
     assert "0.48" not in withheld and "at chance on task recall" in withheld
+
+
+def test_the_best_of_several_probe_layers_is_tested_bonferroni_corrected():
+    """Review 15a B1: 'above chance' was taken on the best of 3 layers with no correction for choosing it. 10 of 39
+    against a majority of 5/39 is above chance alone (scipy: p = 0.027, exact 95% interval above 0.128) but not as
+    the best of 3 (p x 3 = 0.082; the exact 1 - 0.05/3 interval holds 0.128); 11 of 39 stays above (3 x 0.013)."""
+    probe = {"metric": "accuracy", "majority_baseline": 5 / 39, "n_scored": 39, "n_examples": 40,
+             "accuracy_per_layer": {"0": 8 / 39, "1": 10 / 39, "2": 7 / 39}, "best_accuracy": 10 / 39}
+    for k, at in ((10, True), (11, False)):
+        entry = chance.from_summary({**probe, "best_accuracy": k / 39})
+        ref = stats.binomtest(k, 39, p=5 / 39)
+        ci = ref.proportion_ci(1 - 0.05 / 3, method="exact")
+        assert entry["at_chance"] is at and entry["ci"] == pytest.approx([ci.low, ci.high])
+        assert entry["p_value"] == pytest.approx(3 * ref.pvalue) and entry["p_value_uncorrected"] == pytest.approx(ref.pvalue)
+        assert entry["correction"] == "bonferroni" and entry["n_compared"] == 3
+    one = chance.from_summary({**probe, "accuracy_per_layer": {"0": 10 / 39}})  # one layer: nothing chosen
+    assert one["at_chance"] is False and "correction" not in one

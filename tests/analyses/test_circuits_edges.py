@@ -322,19 +322,30 @@ def test_a_gap_within_noise_withholds_faithfulness_and_cpr_cmd(tiny_dirs, tiny_m
             "over 4 pairs contains 0): the circuit's faithfulness, the circuit size reaching 80% of the gap and MIB's "
             "CPR/CMD are ratios over that gap, so none is reported.") in text, text
     assert "MIB's circuit metrics" not in text and "CPR 0" not in text and "CPR 1" not in text
-    off = plots_circuits.unreported(s)  # as `figures` draws them
-    mib = plots_circuits.plot_mib(result.tables["mib"], cpr=s["mib_cpr"], cmd=s["mib_cmd"], unreported=off,
-                                  cpr_ci=s["mib_cpr_ci"], cmd_ci=s["mib_cmd_ci"])
-    faith = plots_circuits.plot_faithfulness(result.tables["faithfulness"], unreported=off)
+    # review 15a C4: no ratio over noise is stored or drawn, only the edge scores
+    assert set(result.tables) & {"faithfulness", "mib"} == set() and "edges" in result.tables
+    assert not {"mib_cpr", "mib_cmd", "mib_faithfulness", "faithfulness_at_k", "smallest_k_80"} & set(s)
+    figs = plots_circuits.figures(result)
     try:
-        legend = [t.get_text() for t in mib.get_legend().get_texts()]
-        assert legend == ["CPR: area under f (not reported)", "top-p% edges", "f = 1"]
-        title = " ".join(faith.get_title().split())
-        assert f"NOT REPORTED: clean-corrupted gap within noise: mean gap {diff.mean():.3g} {words}" in title
+        assert "circuits_graph" in figs and not {"circuits_faithfulness", "circuits_mib"} & set(figs)
     finally:
         import matplotlib.pyplot as plt
 
         plt.close("all")
+
+
+def test_an_exact_zero_gap_follows_the_same_rule(tiny_models):
+    """Review 15a C4: bfloat16's exact 0 gap (corrupted prompts equal to the clean ones here, so every pair's gap is
+    0 by construction) skipped edges ('give the same metric') where float32's 1.4e-5 gap drew CPR 1.009: both are
+    within noise by patching's rule, so both keep the edge scores and withhold every ratio alike."""
+    from headscope.analyses.circuits import CircuitsConfig, run
+
+    task = pair_task(n=3)
+    task = Task(name="pairs", tokens=task.tokens, corrupted_tokens=task.tokens.clone(), answers=task.answers,
+                wrong_answers=task.wrong_answers)
+    s = run(tiny_models["gpt2"], task, CircuitsConfig(quick=True, k_values=(0, 110), lens_positions="answer")).summary
+    assert "edges_skipped" not in s and s["gap_within_noise"]["gap"] == 0.0 and s["gap_within_noise"]["ci"] == [0, 0]
+    assert "mib_cpr" not in s and s["n_edges"] == 110
 
 
 def test_mib_areas_closed_form():
@@ -398,7 +409,9 @@ def test_additivity_allows_bfloat16_rounding_and_refuses_a_post_norm_gemma2(tiny
     err = float((delta - (w_c - w_k).double().sum(2)).norm() / delta.norm())
     assert 1e-3 < err < 2.0 ** -7 * float((r_c.norm() + r_k.norm()) / delta.norm())  # over 1e-3, within bf16's step
     s = circuits.run(low, task, circuits.CircuitsConfig(quick=True, k_values=(1, 4))).summary
-    assert "edges_skipped" not in s and 0 < s["mib_cpr"] and s["n_edges"] > 0
+    assert "edges_skipped" not in s and s["n_edges"] > 0 and s["top_edges"]
+    # CPR/CMD where the gap is clear, none over a gap within noise (review 15a C4), never both or neither
+    assert ("mib_cpr" in s) != ("gap_within_noise" in s) and s.get("mib_cpr", 1.0) > 0
 
     gemma = arch_models("gemma2")  # float32, post-attention and post-MLP norms
     with E.edge_hooks_enabled(gemma.bridge):

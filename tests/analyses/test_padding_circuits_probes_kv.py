@@ -104,7 +104,11 @@ def test_edges_and_faithfulness_equal_the_mean_of_each_example_alone(arch, arch_
                                   corrupted_tokens=task.corrupted_tokens.masked_fill(~task.attention_mask.bool(), 5))
     assert float((E.edge_scores(model, swapped, method="eap-clean")[1] - scores).abs().max()) <= TOL
     # faithfulness: each circuit's metric is the mean of its metric on each example alone
-    sweep = result.tables["faithfulness"]
+    # the sweep itself (the report withholds it where the gap is within noise, review 15a C4, as on these random models)
+    sweep = result.tables.get("faithfulness")
+    if sweep is None:
+        sweep = F.faithfulness_sweep(model, task, graph, scores, F.default_k_values(graph.n_edges),
+                                     metric_clean=info["metric_clean"], metric_corrupt=info["metric_corrupt"])
     ks = tuple(sorted(set(sweep.k.tolist())))
     keep, labels = F.keep_masks(graph, scores, ks, seed=0)
     per_circuit = torch.cat([F.circuit_metrics(model, ex, graph, keep) for ex in alone], 1).mean(1)  # [C]

@@ -226,7 +226,8 @@ def test_compare_ranks_no_heads_a_report_refuses_to_rank_and_positions_only_of_t
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c.html")]) == 0
     page = (tmp_path / "c.html").read_text()
     assert ("Head importance (gradient importance): the top heads cannot be compared, because A is at chance on its "
-            "task; B has gradient importance that is rounding, not a measurement, so neither report ranks its heads; "
+            "task; B has gradient importance whose predicted loss changes are under the rounding floor, so neither "
+            "report ranks its heads; "
             "no shared top heads or correlation is computed.") in page
     assert "Top heads by" not in page and "Pearson r =" not in page
     differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
@@ -240,7 +241,8 @@ def test_compare_ranks_no_heads_a_report_refuses_to_rank_and_positions_only_of_t
     a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
     notes = importance_section(a, b)[1]
     assert notes[0] == (NOT_COMPARED + "Head importance (gradient importance): the top heads cannot be compared, because B has "
-                     "gradient importance that is rounding, not a measurement, so that report does not rank its heads; "
+                     "gradient importance whose predicted loss changes are under the rounding floor, so that report does "
+                     "not rank its heads; "
                      "no shared top heads or correlation is computed.")
     table, notes = patching_section(a, b)
     assert notes == [f"Top resid_pre site differs: A resid_pre L0 pos 2 ('{XSS}'), B resid_pre L1 pos 2 ('{XSS}')."]

@@ -185,6 +185,10 @@ def test_the_grid_opens_on_a_measured_importance_when_the_gradient_is_under_its_
     assert io.read_json(write_explorer_data(llama, tmp_path, tokens))["default_score"] == "importance (zero)"
     io.write_json(heads / "summary.json", {"n_heads": 8})  # the gradient measures: it stays the opening score
     assert io.read_json(write_explorer_data(llama, tmp_path, tokens))["default_score"] == "importance (gradient)"
+    # review 15a C2: at chance every importance is muted, and the gradient is also under its floor: zero-ablation
+    io.write_json(heads / "summary.json", {"degenerate_gradient": "every head's |gradient importance| is below 0.0057",
+                                           "chance": {"at_chance": True, "reason": "its CI contains 0"}})
+    assert io.read_json(write_explorer_data(llama, tmp_path, tokens))["default_score"] == "importance (zero)"
 
 
 def test_report_embeds_the_explorer_from_its_file(llama, tmp_path):
@@ -661,6 +665,15 @@ def test_muted_scores_are_importance_at_chance_or_under_the_noise_floor():
     assert muted["importance (zero)"].startswith("the model is at chance on the heads task zoo_kv (the 95% CI")
     floor = {"chance": {"at_chance": False}, "degenerate_gradient": "every head's |gradient importance| is below 1e-08"}
     assert list(muted_scores(names, floor)) == ["importance (gradient)"]
+    assert muted_scores(names, floor)["importance (gradient)"] == (  # review 15a B2: the gradients are measured
+        "the loss changes these gradients predict are under the numerical floor: every head's |gradient importance| "
+        "is below 1e-08.")
+    both = muted_scores(names, {**floor, "task": "zoo_kv", "chance": chance})  # review 15a C2: at chance, said too
+    assert both["importance (gradient)"] == (
+        f"the model is at chance on the heads task zoo_kv ({chance['reason']}), so these importances measure noise, "
+        "not a mechanism. Also, the loss changes these gradients predict are under the numerical floor: every head's "
+        "|gradient importance| is below 1e-08.")
+    assert both["importance (zero)"] == muted["importance (zero)"]
     assert muted_scores(names, {"chance": {"at_chance": False}}) == muted_scores(names, None) == {}
 
 

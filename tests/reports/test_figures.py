@@ -386,7 +386,11 @@ def test_head_importance_is_raw_and_diverging_about_zero_normalised_only_when_as
         np.testing.assert_allclose(heat(normalised), raw / np.linalg.norm(raw, axis=1, keepdims=True))
         assert "normalised" in colorbar_label(normalised) and "normalised" in normalised.get_title()
         rounding = plot_importance(pd.DataFrame(rows), metric="logit_diff", degenerate="below the floor", ax=plt.subplots()[1])
-        assert "ROUNDING ONLY" in rounding.get_title()
+        assert "ROUNDING ONLY" in rounding.get_title()  # an ablation's changes within rounding
+        grads = pd.DataFrame(rows).assign(method="gradient")
+        grad = plot_importance(grads, metric="logit_diff", degenerate="below the floor", ax=plt.subplots()[1])
+        assert "UNDER THE FLOOR: the loss changes these gradients predict" in " ".join(grad.get_title().split())
+        assert "ROUNDING ONLY" not in grad.get_title()  # review 15a B2: gradients are measured, not rounding
     finally:
         plt.close("all")
 
@@ -933,6 +937,41 @@ def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
         plt.close("all")
 
 
+def test_kv_eviction_draws_a_policy_within_one_rounding_step_of_a_later_one_visibly():
+    """Review 15a C5: heavy hitters' mean change was within one bfloat16 step (2^-7 = 0.0078 for metrics under 1) of
+    the window's at every budget, its circles hidden under the window's diamonds. By hand: two prompts of context 8,
+    full-cache metric 0.25 (step eps(bf16) x max(1, 0.25) = 2^-7); heavy hitters' changes -0.0625 and 0 at budgets 2
+    and 4, the window's -0.0625 + 2^-8 and 0: within one step at both, so heavy hitters is drawn over it, dashed with
+    open markers, and its legend says so; 2^-6 apart at one budget, it is not."""
+    import torch
+
+    from headscope.analyses.core.result import Result
+
+    assert float(torch.finfo(torch.bfloat16).eps) == 2 ** -7
+
+    def result(gap):
+        rows = [{"policy": "full", "budget": 8, "example": e, "context": 8, "metric": 0.25} for e in range(2)]
+        for policy, shift in (("heavy_hitters", 0.0), ("window", gap)):
+            rows += [{"policy": policy, "budget": b, "example": e, "context": 8, "metric": 0.25 + d + shift}
+                     for b, d in ((2, -0.0625), (4, 0.0)) for e in range(2)]
+        return Result(name="kv", df=pd.DataFrame(rows), tables={"norms": pd.DataFrame(), "sinks": pd.DataFrame()},
+                      summary={"metric": "logit_diff", "dtype": "bfloat16", "recent_share": 0.5})
+
+    for gap, hidden in ((2 ** -8, True), (2 ** -6, False)):
+        from headscope.reports import plots_kv
+
+        ax = plots_kv.plot_eviction(result(gap).df, metric="logit_diff", recent_share=0.5,
+                                    step=plots_kv._rounding_step(result(gap)), ax=plt.subplots()[1])
+        try:
+            heavy = next(li for li in ax.get_lines() if li.get_label().startswith("heavy hitters"))
+            window = next(li for li in ax.get_lines() if li.get_label() == "window")
+            note = "(drawn dashed: within one rounding\nstep, 0.0078, of window\nat every budget)"
+            assert (note in heavy.get_label()) is hidden and (heavy.get_linestyle() == "--") is hidden
+            assert (heavy.get_zorder() > window.get_zorder()) is hidden and window.get_linestyle() == "-"
+        finally:
+            plt.close("all")
+
+
 def test_kv_eviction_tick_labels_never_collide_for_close_budgets():
     """Review 7 B3: budgets 16 and 19 on the log axis printed "16 / 6/16" and "19 / 0/16" into each other. With
     budgets 16, 17, 19 and 20 as close neighbours, the saved figure's drawn tick labels do not overlap; every
@@ -1241,7 +1280,7 @@ def test_heads_at_chance_or_under_the_noise_floor_are_not_drawn_vivid():
         gradient, zero = _panels(fig)
         assert gradient.collections[0].norm.vmax == 1.0  # max(1, |baseline|): the metric's size
         assert _saturation(gradient, 2e-7) < 0.05  # as pale as 0 (the unmuted map's 0 is 0.06)
-        assert "ROUNDING ONLY" in gradient.get_title() and "±1" in gradient.get_title()
+        assert "UNDER THE FLOOR" in gradient.get_title() and "±1" in gradient.get_title()
         assert "AT CHANCE" in zero.get_title() and "AT CHANCE" in gradient.get_title()
         assert _saturation(zero, 0.05) < 0.2 and _saturation(zero, -0.05) < 0.2  # RdBu_r's own ends: 0.40, 0.36
     finally:
@@ -1261,7 +1300,7 @@ def test_heads_rounding_titles_of_both_panels_do_not_run_into_each_other():
         gradient, zero = _panels(fig)
         fig.canvas.draw()
         left, right = (ax.title.get_window_extent() for ax in (gradient, zero))
-        assert "ROUNDING ONLY" in gradient.get_title() and "ROUNDING ONLY" in zero.get_title()
+        assert "UNDER THE FLOOR" in gradient.get_title() and "ROUNDING ONLY" in zero.get_title()
         assert left.x1 < right.x0  # side by side, apart
     finally:
         plt.close("all")

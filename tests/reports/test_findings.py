@@ -219,7 +219,9 @@ def test_degenerate_importance_and_ties_are_said_and_not_ranked():
          "max_fraction_prunable_gradient_recompute": 0.5, "degenerate_gradient": why,
          "tied_top_heads_zero": ["L0H1", "L0H2"]}
     text = finding("heads", s)
-    assert f"Gradient importance is rounding, not a measurement: {why}." in text
+    # review 15a B2: the gradients are measured; what lies under the floor is the loss change they predict
+    assert (f"Gradient importance measures no head: the loss changes its gradients predict are under the rounding "
+            f"floor, though the gradients themselves are measured: {why}.") in text and "rounding, not a" not in text
     assert "gradient 25%" not in text and "gradient recompute" not in text and "by gradient" not in text
     assert "By zero-ablation, L0H1 and L0H2 tie within rounding among the top heads: their order is arbitrary." in text
     assert "18 of 32 heads (56%)" in text  # the ablation ordering is a measurement and stays
@@ -1683,6 +1685,30 @@ def test_an_underpowered_probe_is_not_called_at_chance_and_states_one_accuracy()
     tight = {**s, "n_examples": 400, "best_accuracy": 0.28, "best_correct": 112}
     tight["chance"] = chance.from_summary(tight)
     assert finding("probes", tight).startswith("The probe scores at chance")
+
+
+def test_a_probe_verdict_on_the_best_layer_states_its_correction_and_how_close_it_is():
+    """Review 15a B1 (float32: layer 1, 11 of 39 against a majority of 5/39; bfloat16: layer 0, 8 of 39): the verdict
+    is Bonferroni-corrected over the 3 layers and the finding says so with both p-values (scipy binomtest by hand)."""
+    from headscope.analyses.core import chance
+
+    base = {**PROBE, "n_examples": 39, "n_scored": 39, "n_classes": 12, "majority_baseline": 5 / 39,
+            "accuracy_per_layer": {"0": 9 / 39, "1": 11 / 39, "2": 10 / 39}, "best_layer": 1,
+            "best_accuracy": 11 / 39, "best_correct": 11}
+    p11, p8 = stats.binomtest(11, 39, p=5 / 39), stats.binomtest(8, 39, p=5 / 39)
+    ci = p11.proportion_ci(1 - 0.05 / 3, method="exact")
+    above = {**base, "chance": chance.from_summary(base)}
+    assert ("The chance test takes the best of 3 layers, so it is Bonferroni-corrected for that choice (alpha 0.05/3; "
+            f"its 98.3% exact interval [{ci.low:.3g}, {ci.high:.3g}] against the majority baseline 0.128): corrected p "
+            f"= {3 * p11.pvalue:.2g} (uncorrected {p11.pvalue:.2g}), above chance, marginally (corrected p between "
+            "0.01 and 0.05).") in finding("probes", above)
+    low = {**base, "best_layer": 0, "best_accuracy": 8 / 39, "best_correct": 8,
+           "accuracy_per_layer": {"0": 8 / 39, "1": 7 / 39, "2": 7 / 39}}
+    low["chance"] = chance.from_summary(low)
+    text = finding("probes", low)
+    assert text.startswith("The probe scores at chance") and (
+        "The chance test takes the best of 3 layers, so it is Bonferroni-corrected for that choice (alpha 0.05/3): "
+        f"corrected p = {3 * p8.pvalue:.2g} (uncorrected {p8.pvalue:.2g}), at chance.") in text
 
 
 def test_probes_without_a_measurable_selectivity_do_not_sweep_by_it():
