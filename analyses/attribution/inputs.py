@@ -139,7 +139,9 @@ def metric_kind(model, task: Task, cfg: AttributionConfig, at_mask: bool = False
     masked LM scored at its mask (at_mask, read_positions)."""
     if model.facts.is_encoder and not at_mask:
         if cfg.metric not in (None, "cosine"):
-            raise ConfigError(f"Encoders have no next-token logits; metric must be 'cosine' (or None), got {cfg.metric!r}.")
+            raise ConfigError("An encoder is scored by its pooled embedding unless it is a masked LM whose prompts each "
+                              "hold exactly one mask token and give one-token answers (read at the mask); metric must be "
+                              f"'cosine' (or None), got {cfg.metric!r}.")
         return "cosine"
     kind = cfg.metric or task.metric
     if kind == "cosine":
