@@ -13,12 +13,19 @@ from typing import Any
 from headscope.analyses.attribution.convergence import ROUNDING_STEPS, IgUse, ig_rounding_floor, ig_use
 from headscope.analyses.core import chance
 from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, and_join, ci_pair, int_span, t_interval, wilson
+from headscope.reports.heads_words import mask_read_words
 
 
 def finding(s: Mapping[str, Any]) -> str:
     """Kendall tau of attention against gradients and leave-one-out (t intervals), rollout's when raw
     attention disagrees, the fraction of significant taus (Wilson interval); permutation and adversarial
-    tests, read in the task metric's units when the output is saturated. At chance: what was measured only."""
+    tests, read in the task metric's units when the output is saturated. At chance: what was measured only. A masked
+    LM scored at its mask (the summary's mask_read, review 15c B1): led by where each answer was read."""
+    said = _finding(s)
+    return f"{read} {said}" if (read := mask_read_words(s)) else said
+
+
+def _finding(s: Mapping[str, Any]) -> str:
     n = int(_num(s.get("n_examples")) or 0)
     if _chance(s) is not None:
         return _measured_only(s, n)

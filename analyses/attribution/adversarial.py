@@ -2,9 +2,9 @@
 leaves the output as it is.
 
 At one layer, the prediction's attention rows of every head (the last query row for decoders;
-every row for encoders) are replaced by learned distributions alpha' = softmax(theta), and
-z = alpha' @ v is written at hook_z, as in the permutation test. theta starts at the model's own
-log-attention plus a little seeded noise, and projected gradient ascent maximises
+the mask's row on a masked LM scored at its mask; every row for other encoders) are replaced by learned
+distributions alpha' = softmax(theta), and z = alpha' @ v is written at hook_z, as in the permutation test. theta
+starts at the model's own log-attention plus a little seeded noise, and projected gradient ascent maximises
 
     mean over heads and rows of JSD(alpha', alpha)   subject to   output change <= epsilon
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from headscope.analyses.attribution.methods import prediction, prediction_change
+from headscope.analyses.attribution.methods import answer_logits, prediction, prediction_change
 from headscope.analyses.attribution.permutation import Generators, Score, per_example, prediction_rows, z_hook
 from headscope.errors import ConfigError
 from headscope.hooks.sites import site
@@ -58,6 +58,7 @@ def adversarial_attention(
     noise: float = 0.1,
     generator: Generators = None,
     score: Score | None = None,
+    at: torch.Tensor | None = None,
 ) -> AdversarialAttention:
     """Search adversarial attention at `layer` for each example of `tokens` [batch, pos] (unpadded).
 
@@ -65,12 +66,14 @@ def adversarial_attention(
     its own theta, so the result per example does not depend on the others. lr is the length of
     an ascent step in logit space, decayed linearly to 0. generator: one for the batch, or one per
     example (its noise then does not depend on the batch). score: the task metric of the last-position
-    logits (permutation.Score); its change at the adversarial rows is kept, one more forward pass.
+    logits (permutation.Score); its change at the adversarial rows is kept, one more forward pass. at [batch]: a
+    masked LM's mask positions: the mask's row is searched and the output (TVD, score) read there.
     """
     model.check_layer(layer)
     if steps < 1 or epsilon <= 0:
         raise ConfigError(f"adversarial attention needs steps >= 1 and epsilon > 0, got steps={steps}, epsilon={epsilon}.")
-    ref, rows, v, last = prediction_rows(model, tokens, layer)  # [batch, out], [batch, head, r, k], [batch, k, head, d_head]
+    pooled = None if at is None else False  # a masked LM's output: the answer distribution at its mask
+    ref, rows, v, last = prediction_rows(model, tokens, layer, at)  # [batch, out], [batch, head, r, k], [batch, k, head, d_head]
     rows, v = rows.float(), v.float()
     draws = per_example(generator, rows.shape[0], lambda n, g: torch.randn((n, *rows.shape[1:]), generator=g))
     theta = rows.clamp_min(1e-9).log() + noise * draws.to(rows.device)  # [batch, head, r, k]
@@ -83,8 +86,8 @@ def adversarial_attention(
         with torch.enable_grad():
             alpha = theta.softmax(-1)  # [batch, head, r, k]
             new_z = torch.einsum("bhrk,bkhd->brhd", alpha, v)  # [batch, r, head, d_head]
-            out = model.run_with_hooks(tokens, fwd=[(site("z", layer), z_hook(new_z))])
-            change = prediction_change(model, prediction(model, out), ref)  # [batch]
+            out = model.run_with_hooks(tokens, fwd=[(site("z", layer), z_hook(new_z, at))])
+            change = prediction_change(model, prediction(model, out, at), ref, pooled=pooled)  # [batch]
             div = jsd(alpha, rows).mean((1, 2))  # [batch]
             # rows of the batch are independent, so gradients of sums are per-example gradients
             (g_div,) = torch.autograd.grad(div.sum(), theta, retain_graph=True)
@@ -100,9 +103,9 @@ def adversarial_attention(
     if score is not None:
         with torch.no_grad():
             new_z = torch.einsum("bhrk,bkhd->brhd", best_rows, v)  # [batch, r, head, d_head]
-            logits = model.run_with_hooks(tokens, fwd=[(site("z", layer), z_hook(new_z))])
+            logits = model.run_with_hooks(tokens, fwd=[(site("z", layer), z_hook(new_z, at))])
             index = torch.arange(len(tokens), device=tokens.device)
-            moved = (score(logits[:, -1:].float(), index) - score(last.float(), index)).cpu()
+            moved = (score(answer_logits(model, logits, at).float(), index) - score(last.float(), index)).cpu()
     return AdversarialAttention(jsd=best.cpu(), change=best_change.cpu(), attention=best_rows.cpu(),
                                 original=rows.cpu(), feasible=feasible.cpu(), metric_change=moved)
 

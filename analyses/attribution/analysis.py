@@ -16,7 +16,12 @@ most examples, permutation.saturation, decided on the clean runs before scoring)
 distance cannot move, so leave-one-out then scores each token by the absolute change of the logit
 difference when it is left out (`loo_metric`), as the permutation test's finding falls back to the
 metric's change; with a log-probability metric it stays the TVD (log p of a near-certain answer is
-as blind) and the finding says its tau rests on a saturated distance. Encoders (MiniLM): the prediction is the mean-pooled
+as blind) and the finding says its tau rests on a saturated distance. A masked LM whose task's prompts each hold one
+mask token and give one-token answers (analyses/core/mask_read.py, as heads) is scored as a decoder with its answer
+read at the mask through the checkpoint's masked-LM head: gradients, leave-one-out, permutations and the adversarial
+search read the mask's logits, attention and rollout the mask's row, and the mask itself is left out of every ranking
+(the query, as a decoder's last token; leaving it out would remove the question). Other encoders (MiniLM): the
+prediction is the mean-pooled
 embedding; gradients differentiate its cosine similarity to a reference embedding (by default
 the next sentence's, so gradients say which tokens make the sentence close to its partner; at
 the sentence's own embedding the cosine is maximal and its gradient vanishes), leave-one-out and
@@ -57,6 +62,7 @@ from headscope.analyses.attribution.inputs import (
     ig_baselines,
     length_groups,
     metric_kind,
+    read_positions,
     real_spans,
     real_tokens,
 )
@@ -64,6 +70,7 @@ from headscope.analyses.attribution.permutation import permute_attention, satura
 from headscope.analyses.attribution.summary import _summary, attention_window, rounding_summary, tau_tables
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
+from headscope.analyses.core.mask_read import mask_metric, mask_read
 from headscope.analyses.core.metrics import answer_logprob, logit_diff
 from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
@@ -87,7 +94,11 @@ ENCODER_METRIC = ("cosine of each prompt's mean-pooled embedding with the next s
 
 def reads(model, config: Any = None, summary: Any = None) -> Reads:
     """What attribution reads of a task (contract.Reads): decoders the prompts and answers, each prompt
-    alone; encoders the prompts only, scored against their sampled partner's pooled embedding."""
+    alone; a masked LM whose summary says it was scored at its mask (mask_read) the same, read there; other encoders
+    the prompts only, scored against their sampled partner's pooled embedding."""
+    read = summary.get("mask_read") if isinstance(summary, dict) else None
+    if model.facts.is_encoder and isinstance(read, dict):
+        return Reads(why="attribution scores each prompt alone", metric=mask_metric(read))
     if model.facts.is_encoder:
         return Reads(answers=False, why=ENCODER_SCORING, metric=ENCODER_METRIC)
     return Reads(why="attribution scores each prompt alone")
@@ -192,7 +203,9 @@ def attribution(
         **({"loo_rounding": pd.DataFrame(loo_rows).sort_values("example", ignore_index=True)} if loo_rows else {}),
     }
     summary = _summary(df, tables, convergence, kind=setup.kind, cfg=cfg, layer=setup.layer,
-                       encoder=model.facts.is_encoder)
+                       encoder=model.facts.is_encoder and setup.at is None)
+    if setup.at is not None:  # review 15c B1: a masked LM scored at its mask, as heads records it
+        summary["mask_read"] = mask_read(model, task, setup.at)
     summary["loo_metric"] = setup.loo_metric
     summary["gradient_input"] = am.gradient_input(model)  # what saliency & co. are taken against (13c C6)
     if loo_rows:
@@ -222,6 +235,7 @@ class _Setup:
     chunk: int  # examples per group
     saturated: dict | None  # decoders: permutation.saturation of the clean runs' top-token probabilities
     loo_metric: str  # what leave-one-out scores: "tvd", "1-cosine" or "logit_diff" (loo_metric)
+    at: torch.Tensor | None = None  # [batch] a masked LM's mask among each example's real tokens (read_positions)
 
 
 def top_k_routing(model: Any) -> dict[str, Any] | None:
@@ -247,40 +261,46 @@ def _setup(model, task: Task, cfg: AttributionConfig, reference: torch.Tensor | 
     lengths = [n for _, n in spans]
     if min(lengths) < 4:
         raise ConfigError("attribution needs examples of at least 4 tokens (first and last are left out of the ranking).")
-    kind = metric_kind(model, task, cfg)
-    forward = am.forward_metric(model, kind)
+    at = None if cfg.metric == "cosine" else read_positions(model, task, spans)  # [batch] or None
+    kind = metric_kind(model, task, cfg, at_mask=at is not None)
+    forward = am.forward_metric(model, kind, at_mask=at is not None)
     targets = gradient_targets(model, task, kind, reference, spans)
     baseline = cfg.baseline_token if cfg.baseline_token is not None else default_baseline_token(model)
     # rows a pass may hold at the longest length (the engines' sizing rule): IG's (example, step) rows
     # with a backward pass, leave-one-out's and the permutations' variants without
     grad_rows = batching.rows_per_pass(model, max(lengths), grad=True)
     rows = min(cfg.batch_size, batching.rows_per_pass(model, max(lengths)))
-    saturated = None if model.facts.is_encoder else saturation(clean_top_probs(model, task, spans, rows))
+    saturated = (None if model.facts.is_encoder and at is None
+                 else saturation(clean_top_probs(model, task, spans, rows, at)))
     return _Setup(kind=kind, forward=forward, targets=targets, baseline=baseline, layer=layer, spans=spans,
                   lengths=lengths, grad_rows=grad_rows, rows=rows,
                   chunk=max(1, min(cfg.batch_size // cfg.n_steps, grad_rows // 2)),
-                  saturated=saturated, loo_metric=loo_metric(model, kind, saturated))
+                  saturated=saturated, loo_metric=loo_metric(model, kind, saturated, at_mask=at is not None), at=at)
 
 
 @torch.no_grad()
-def clean_top_probs(model, task: Task, spans: Sequence[tuple[int, int]], rows: int) -> list[float]:
-    """Each example's clean top next-token probability (its real tokens alone), in task order: what
-    permutation.saturation decides on, known before any method runs so leave-one-out can follow it."""
+def clean_top_probs(model, task: Task, spans: Sequence[tuple[int, int]], rows: int,
+                    at: torch.Tensor | None = None) -> list[float]:
+    """Each example's clean top next-token probability (its real tokens alone; a masked LM's at its mask `at`
+    [batch]), in task order: what permutation.saturation decides on, known before any method runs so leave-one-out
+    can follow it."""
     top = [0.0] * len(task)
     for idx in length_groups([n for _, n in spans], rows):
-        probs = am.prediction(model, model(real_tokens(task, idx, spans).to(model.device)))  # [g, vocab]
+        where = None if at is None else at[idx].to(model.device)  # [g]
+        probs = am.prediction(model, model(real_tokens(task, idx, spans).to(model.device)), where)  # [g, vocab]
         for i, p in zip(idx, probs.max(-1).values.tolist()):
             top[i] = p
     return top
 
 
-def loo_metric(model, kind: str, saturated: dict | None) -> str:
+def loo_metric(model, kind: str, saturated: dict | None, at_mask: bool = False) -> str:
     """What leave-one-out measures: 1 - cosine (encoders); the TVD of the next-token distribution,
     unless any output is saturated (`saturated`, permutation.saturation: n_saturated) and the task metric is the
     logit difference: then a TVD cannot move (review 9a A5) and the change of the logit difference is
     used, as the permutation test's finding does. A log-probability of a near-certain answer is as
-    blind as the TVD, so with that metric the TVD stays and the finding says so."""
-    if model.facts.is_encoder:
+    blind as the TVD, so with that metric the TVD stays and the finding says so. A masked LM scored at its mask
+    (at_mask) follows the decoders' rule, its distribution read at the mask."""
+    if model.facts.is_encoder and not at_mask:
         return "1-cosine"
     if kind == "logit_diff" and saturated is not None and (saturated.get("n_saturated") or 0) > 0:
         return "logit_diff"  # review 10b A4: one saturated example's TVD ranks noise, so not only when most are
@@ -295,42 +315,48 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
     tokens = real_tokens(task, idx, spans).to(model.device)  # [g, pos], padding dropped
     generator = [example_generator(cfg.seed, row) for row in tokens]  # the same draws on any rank, in any batch
     tgt = tuple(t[idx] for t in setup.targets)
+    at = None if setup.at is None else setup.at[idx].to(model.device)  # [g] a masked LM's masks, else None
+    args = tgt if at is None else (at, *tgt)  # forward's targets (forward_metric: the mask first)
     scored = list(range(1, n - 1))
     windows = layer_windows(model)
-    per_head, roll = am.attention_scores(model, tokens)  # [g, layer, head, pos], [g, pos]
-    grads = am.gradient_scores(model, tokens, forward, tgt)
+    per_head, roll = am.attention_scores(model, tokens, at)  # [g, layer, head, pos], [g, pos]
+    grads = am.gradient_scores(model, tokens, forward, args)
     ig, delta, steps = am.integrated_gradients(
-        model, tokens, ig_baselines(tokens, baseline), forward, tgt,
+        model, tokens, ig_baselines(tokens, baseline, at), forward, args,
         n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
         internal_batch_size=setup.grad_rows)
     score = _score(setup.kind, tgt)
     loo, clean = am.leave_one_out_with_clean(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline,
-                                             batch_size=setup.rows, score=score if setup.loo_metric == "logit_diff" else None)
+                                             batch_size=setup.rows, score=score if setup.loo_metric == "logit_diff" else None,
+                                             at=at)
     # loo [g, pos - 2]; clean [g, vocab]: the clean run's last logits it was measured against, the rounding floor's
     loo, loo_rows = loo_rounding(model, tokens, loo, idx, tgt, clean) if setup.loo_metric == "logit_diff" else (loo, [])
     permuted = permute_attention(model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=setup.rows,
-                                 generator=generator, score=score)
+                                 generator=generator, score=score, at=at)
     changes, max_att = permuted.change, permuted.max_attention
     adv = None if not cfg.adversarial_steps else adversarial_attention(
         model, tokens, layer=layer, epsilon=cfg.adversarial_epsilon, steps=cfg.adversarial_steps, generator=generator,
-        score=score)
+        score=score, at=at)
     with torch.no_grad():
-        f_x = forward(tokens, *tgt)  # [g]
-        f_b = forward(ig_baselines(tokens, baseline), *tgt)  # [g]
+        f_x = forward(tokens, *args)  # [g]
+        f_b = forward(ig_baselines(tokens, baseline, at), *args)  # [g]
     score_rows, tau, pairs, perm_rows, ig_rows, token_rows = [], [], [], [], [], []
     visible: dict | None = None  # window_starts: the same for every example of the group (its keys, windows and n)
     for j, ex in enumerate(idx):
+        # the ranked tokens: 1..n-2, less a masked LM's mask (its query, left out as a decoder's last token)
+        keep = [i for i, p in enumerate(scored) if at is None or p != int(at[j])]  # indices into scored
+        ranked = [scored[i] for i in keep]
         methods = {
             "saliency": grads["saliency"][j, 1:-1], "grad_x_input": grads["grad_x_input"][j, 1:-1],
             "integrated_gradients": ig[j, 1:-1].abs(), "leave_one_out": loo[j].abs(),
         }
-        methods = {k: _distribution(v) for k, v in methods.items()}
-        attention = _attention_vectors(per_head[j, :, :, 1:-1], roll[j, 1:-1])
+        methods = {k: _distribution(v[keep]) for k, v in methods.items()}
+        attention = _attention_vectors(per_head[j, :, :, 1:-1][..., keep], roll[j, 1:-1][keep])
         if visible is None:
             visible = window_starts(attention, windows, n)
         tau.extend(tau_rows(ex, attention, methods, alpha=cfg.alpha, visible_from=visible))
         pairs.extend(method_pair_rows(ex, methods, alpha=cfg.alpha))
-        score_rows.append(_score_frame(model, ex, tokens[j], scored, attention, methods, offset=spans[ex][0],
+        score_rows.append(_score_frame(model, ex, tokens[j], ranked, attention, methods, offset=spans[ex][0],
                                        visible_from=visible))
         token_rows.append(_token_frame(model, ex, tokens[j], {
             "saliency": grads["saliency"][j], "grad_x_input": grads["grad_x_input"][j],
@@ -370,7 +396,7 @@ def loo_rounding(model, tokens: torch.Tensor, loo: torch.Tensor, idx: list[int],
     floor = am.logit_rounding_floor(clean, *targets)  # [g]
     tied, within = am.tie_rounding(loo.float().cpu(), floor.cpu())  # [g, m] each
     dtype = str(clean.dtype).removeprefix("torch.")
-    rows = [{"example": ex, "dtype": dtype, "floor": float(floor[j]), "n_scores": int(loo.shape[1]),
+    rows = [{"example": ex, "dtype": dtype, "floor": float(floor[j]), "n_scores": int((~loo[j].isnan()).sum()),
              "n_within_floor": int(within[j].sum())} for j, ex in enumerate(idx)]
     return tied, rows
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from headscope.analyses.core import mask_read
 from headscope.analyses.core.contract import one_token_answers
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.core.tasks import Task
@@ -89,11 +90,24 @@ def default_baseline_token(model) -> int:
         "which makes integrated gradients diverge; pass baseline_token= a content-free token with a normal embedding.")
 
 
-def ig_baselines(tokens: torch.Tensor, baseline_token: int) -> torch.Tensor:
-    """[batch, pos]: every token but the first and last replaced by the baseline token."""
+def ig_baselines(tokens: torch.Tensor, baseline_token: int, at: torch.Tensor | None = None) -> torch.Tensor:
+    """[batch, pos]: every token but the first and last replaced by the baseline token; a masked LM's mask (`at`
+    [batch]) is kept too, as a decoder's last token: the path moves the context, not the question."""
     out = tokens.clone()
     out[:, 1:-1] = baseline_token
+    if at is not None:
+        rows = torch.arange(len(tokens), device=tokens.device)
+        out[rows, at.to(tokens.device)] = tokens[rows, at.to(tokens.device)]
     return out
+
+
+def read_positions(model, task: Task, spans: Sequence[tuple[int, int]]) -> torch.Tensor | None:
+    """[batch] each example's mask position among its real tokens where a masked LM is scored at its mask
+    (mask_read.mask_positions: its masked-LM head, one-token answers, one mask in every prompt), else None."""
+    at = mask_read.mask_positions(model, task)  # [batch] in the padded coordinates
+    if at is None:
+        return None
+    return at - torch.tensor([start for start, _ in spans], dtype=torch.int64)
 
 
 @torch.no_grad()
@@ -120,13 +134,17 @@ def gradient_targets(model, task: Task, kind: str, reference: torch.Tensor | Non
     return answers, task.wrong_answers.to(model.device)
 
 
-def metric_kind(model, task: Task, cfg: AttributionConfig) -> str:
-    """What gradients differentiate: "cosine" for encoders; the task's metric (or cfg.metric) for decoders."""
-    if model.facts.is_encoder:
+def metric_kind(model, task: Task, cfg: AttributionConfig, at_mask: bool = False) -> str:
+    """What gradients differentiate: "cosine" for encoders; the task's metric (or cfg.metric) for decoders and a
+    masked LM scored at its mask (at_mask, read_positions)."""
+    if model.facts.is_encoder and not at_mask:
         if cfg.metric not in (None, "cosine"):
-            raise ConfigError(f"Encoders have no next-token logits; metric must be 'cosine' (or None), got {cfg.metric!r}.")
+            raise ConfigError("An encoder is scored by its pooled embedding unless it is a masked LM whose prompts each "
+                              "hold exactly one mask token and give one-token answers (read at the mask); metric must be "
+                              f"'cosine' (or None), got {cfg.metric!r}.")
         return "cosine"
     kind = cfg.metric or task.metric
     if kind == "cosine":
-        raise ConfigError("The cosine metric is for encoders; use 'logit_diff' or 'logprob' for a decoder.")
+        raise ConfigError("The cosine metric is for encoders; use 'logit_diff' or 'logprob' for a decoder or a "
+                          "masked LM scored at its mask.")
     return "logprob" if kind == "accuracy" else kind

@@ -1,8 +1,10 @@
 """Token-importance methods for one prediction: attention, rollout, gradients (Captum), leave-one-out.
 
 Every method scores each input token of a batch of equal-length, unpadded sequences [batch, pos]
-for the prediction the model makes: the next token at the last position (decoders) or the
-mean-pooled sentence embedding (encoders). Gradient methods differentiate a scalar metric per
+for the prediction the model makes: the next token at the last position (decoders), the answer at each prompt's
+mask token through the checkpoint's masked-LM head (a masked LM scored at its mask, analyses/core/mask_read.py: the
+decoder paths with the read position `at` [batch] instead of the last), or the mean-pooled sentence embedding (other
+encoders). Gradient methods differentiate a scalar metric per
 example (`forward_metric`); leave-one-out and the permutation test measure how much the output
 itself moves (`prediction_change`: TVD of the next-token distribution, or 1 - cosine of the pooled
 embedding for encoders), or, given a `score` (the task metric of the last-position logits), how
@@ -24,6 +26,7 @@ from contextlib import contextmanager
 
 import torch
 
+from headscope.analyses.core import mask_read
 from headscope.analyses.core.metrics import answer_logprob, cosine_to_reference, logit_diff, mean_pool, noise_floor
 from headscope.errors import ConfigError
 from headscope.execution import batching, resume
@@ -108,17 +111,23 @@ def gradient_input(model) -> str:
     return f"each token's embedding ({module}; positions enter inside attention)"
 
 
-def forward_metric(model, kind: str) -> Forward:
+def forward_metric(model, kind: str, at_mask: bool = False) -> Forward:
     """The differentiable per-example metric as Captum's forward function.
 
     "logit_diff": f(tokens, answers, wrong); "logprob": f(tokens, answers);
-    "cosine" (encoders): f(tokens, reference [batch, d_model]).
+    "cosine" (encoders): f(tokens, reference [batch, d_model]). at_mask (a masked LM scored at its mask): the same
+    decoder metrics read at each row's mask, f(tokens, at [batch], answers[, wrong]) (`at` a Captum argument, so it
+    follows the rows through integrated gradients' steps).
     """
     if kind not in GRADIENT_METRICS:
         raise ConfigError(
             f"Gradient attribution needs a differentiable metric, one of {GRADIENT_METRICS}; got {kind!r} "
             f"(accuracy is a step function: use logit_diff or logprob)."
         )
+    if at_mask and kind == "logit_diff":
+        return lambda tokens, at, answers, wrong: logit_diff(answer_logits(model, model(tokens), at), answers, wrong)
+    if at_mask and kind == "logprob":
+        return lambda tokens, at, answers: answer_logprob(answer_logits(model, model(tokens), at), answers)
     if kind == "logit_diff":
         last = last_position(model)
         return lambda tokens, answers, wrong: logit_diff(last(tokens), answers, wrong)
@@ -141,54 +150,69 @@ def last_position(model) -> Callable[[torch.Tensor], torch.Tensor]:
     return logits
 
 
-def prediction(model, out: torch.Tensor) -> torch.Tensor:
+def answer_logits(model, out: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits the answer is read from [rows, 1, vocab]: a decoder's at its last position (out [rows, pos, vocab],
+    at None), or a masked LM's at each row's mask `at` [rows] through its masked-LM head (out: final hidden states
+    [rows, pos, d_model], mask_read.logits_at)."""
+    return out[:, -1:] if at is None else mask_read.logits_at(model, out, at)
+
+
+def prediction(model, out: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
     """What the model predicts, per row: the next-token distribution at the last position
-    [batch, vocab] (decoders) or the mean-pooled embedding [batch, d_model] (encoders)."""
-    if model.facts.is_encoder:
+    [batch, vocab] (decoders), the answer distribution at each row's mask `at` [batch] (a masked LM scored there),
+    or the mean-pooled embedding [batch, d_model] (other encoders)."""
+    if model.facts.is_encoder and at is None:
         return mean_pool(out, None)
-    return out[:, -1].float().softmax(-1)
+    return answer_logits(model, out, at)[:, -1].float().softmax(-1)
 
 
-def prediction_change(model, pred: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+def prediction_change(model, pred: torch.Tensor, ref: torch.Tensor, *, pooled: bool | None = None) -> torch.Tensor:
     """How far predictions moved from reference predictions -> [batch]: TVD = 1/2 sum |p - q|
-    (decoders) or 1 - cosine similarity of the pooled embeddings (encoders)."""
-    if model.facts.is_encoder:
+    (distributions: decoders, a masked LM at its mask, pooled=False) or 1 - cosine similarity of the pooled
+    embeddings (other encoders; pooled None: whether the model is an encoder)."""
+    if model.facts.is_encoder if pooled is None else pooled:
         return 1.0 - torch.nn.functional.cosine_similarity(pred, ref, dim=-1)
     return 0.5 * (pred - ref).abs().sum(-1)
 
 
-def clean_reference(model, logits: torch.Tensor, score: Score | None) -> torch.Tensor:
+def clean_reference(model, logits: torch.Tensor, score: Score | None, at: torch.Tensor | None = None) -> torch.Tensor:
     """What output_change compares variants with, from the clean run's output [batch, pos, out]: its
-    prediction [batch, out] without a score, else its score [batch] (the last position's logits)."""
+    prediction [batch, out] without a score, else its score [batch] (the answer logits: the last position's, or
+    at each row's mask `at` [batch])."""
     if score is None:
-        return prediction(model, logits)
-    return score(logits[:, -1:].float(), torch.arange(logits.shape[0], device=logits.device))
+        return prediction(model, logits, at)
+    return score(answer_logits(model, logits, at).float(), torch.arange(logits.shape[0], device=logits.device))
 
 
 def output_change(model, logits: torch.Tensor, ref: torch.Tensor, example: torch.Tensor,
-                  score: Score | None) -> torch.Tensor:
+                  score: Score | None, at: torch.Tensor | None = None) -> torch.Tensor:
     """logits [rows, pos, out] of variants, ref (clean_reference's, one row per variant), example [rows]
-    each variant's example -> [rows]: prediction_change without a score; with one, score(variant) -
-    score(clean) of the last position's logits, signed, in the metric's units."""
+    each variant's example, at [rows] each variant's mask (a masked LM; None: the last position) -> [rows]:
+    prediction_change without a score; with one, score(variant) - score(clean) of the answer logits, signed, in
+    the metric's units."""
     if score is None:
-        return prediction_change(model, prediction(model, logits), ref)
-    return score(logits[:, -1:].float(), example) - ref
+        return prediction_change(model, prediction(model, logits, at), ref, pooled=None if at is None else False)
+    return score(answer_logits(model, logits, at).float(), example) - ref
 
 
 # ---- attention ------------------------------------------------------------------------------
-def attention_scores(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_scores(model, tokens: torch.Tensor, at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over input tokens from the prediction's query, and Abnar & Zuidema's rollout.
 
     Returns (per_head [batch, layer, head, key], rollout [batch, key]). The query is the last
-    position for decoders and the mean over all query positions for encoders (the pooled output
-    averages every position). Rollout multiplies (0.5 A + 0.5 I) over layers, A the head mean;
-    grouped-query attention still gives one pattern per query head, so nothing changes for GQA.
+    position for decoders, each row's mask `at` [batch] for a masked LM scored there, and the mean over all query
+    positions for other encoders (the pooled output averages every position). Rollout multiplies (0.5 A + 0.5 I)
+    over layers, A the head mean; grouped-query attention still gives one pattern per query head, so nothing changes for GQA.
     """
     n_layers = model.facts.n_layers
     names = [site("pattern", layer) for layer in range(n_layers)]
     acts = capture(model, tokens, names)
     patterns = torch.stack([acts[name] for name in names], 1).float()  # [batch, layer, head, q, k]
     joint = rollout(patterns.mean(2))  # [batch, q, k]
+    if at is not None:  # the mask's row
+        rows = torch.arange(tokens.shape[0], device=patterns.device)
+        at = at.to(patterns.device)
+        return patterns[rows, :, :, at], joint[rows, at]  # [batch, layer, head, k], [batch, k]
     if model.facts.is_encoder:
         return patterns.mean(3), joint.mean(1)  # [batch, layer, head, k], [batch, k]
     return patterns[:, :, :, -1], joint[:, -1]
@@ -336,6 +360,7 @@ def leave_one_out(
     batch_size: int = 256,
     reuse_prefix: bool | None = None,
     score: Score | None = None,
+    at: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Output change when each token in `positions` is left out -> [batch, len(positions)]: the
     prediction_change, or with `score` (decoders; permutation.Score: the task metric of last-position
@@ -350,9 +375,12 @@ def leave_one_out(
     - stacked (encoders, or reuse_prefix=False): all variants of all examples run as full
       sequences in chunks of `batch_size` (halved on out-of-memory).
     A pass holds at most batch_size sequences either way (at most 64 from the cached prefix).
+    at [batch] (a masked LM scored at its mask): the answer is read at each row's mask, which moves one to the left
+    where an earlier token is removed; leaving out the mask itself removes the question, not a token of its
+    context, so that change is NaN (the analysis leaves the mask out of its rankings, as a decoder's query token).
     """
     return leave_one_out_with_clean(model, tokens, positions, mode=mode, baseline_token=baseline_token,
-                                    batch_size=batch_size, reuse_prefix=reuse_prefix, score=score)[0]
+                                    batch_size=batch_size, reuse_prefix=reuse_prefix, score=score, at=at)[0]
 
 
 @torch.no_grad()
@@ -366,10 +394,12 @@ def leave_one_out_with_clean(
     batch_size: int = 256,
     reuse_prefix: bool | None = None,
     score: Score | None = None,
+    at: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """leave_one_out's changes [batch, len(positions)] and the clean run's last-position output [batch, out] in the
-    model's dtype that they are measured against (None without positions): the attribution analysis reads its
-    rounding floor from it (loo_rounding) instead of running the clean pass again."""
+    """leave_one_out's changes [batch, len(positions)] and the clean run's answer output [batch, out] (the last
+    position's, or the masked-LM head's at each row's mask `at`) in the model's dtype that they are measured against
+    (None without positions): the attribution analysis reads its rounding floor from it (loo_rounding) instead of
+    running the clean pass again."""
     positions = list(positions)
     if not positions:
         return tokens.new_zeros((tokens.shape[0], 0), dtype=torch.float32), None
@@ -378,24 +408,47 @@ def leave_one_out_with_clean(
     loo_variants(tokens[:1], positions[:1], mode=mode, baseline_token=baseline_token)  # validates mode / token
     if reuse_prefix is None:
         reuse_prefix = not model.facts.is_encoder
-    if score is not None and model.facts.is_encoder:
-        raise ConfigError("leave-one-out's score= reads next-token logits; encoders have none.")
+    if score is not None and model.facts.is_encoder and at is None:
+        raise ConfigError("leave-one-out's score= reads answer logits; an encoder not scored at its mask has none.")
+    if at is not None:
+        reuse_prefix = False  # a bidirectional encoder: every variant runs whole
     if reuse_prefix:
         out = _loo_cached_prefix(model, tokens, positions, mode=mode, baseline_token=baseline_token,
                                  rows=min(64, batch_size), score=score)
         if out is not None:
             return out
     clean = model(tokens)  # [batch, pos, out]
-    ref = clean_reference(model, clean, score).repeat_interleave(len(positions), dim=0)  # [batch*m, ...]
+    ref = clean_reference(model, clean, score, at).repeat_interleave(len(positions), dim=0)  # [batch*m, ...]
     example = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(len(positions))  # [batch*m]
     variants = loo_variants(tokens, positions, mode=mode, baseline_token=baseline_token)  # [batch*m, pos']
+    moved, itself = variant_reads(at, positions, mode, tokens.shape[1])  # [batch*m] each, or None
 
     def change(rows: range) -> torch.Tensor:  # [len(rows)]
         part = slice(rows.start, rows.stop)
-        return output_change(model, model(variants[part]), ref[part], example[part], score)
+        return output_change(model, model(variants[part]), ref[part], example[part], score,
+                             None if moved is None else moved[part])
 
-    changes = [c for _, c in batching.run_chunks(change, variants.shape[0], batch_size)]  # halved on out-of-memory
-    return torch.cat(changes).reshape(tokens.shape[0], len(positions)), clean[:, -1]
+    changes = torch.cat([c for _, c in batching.run_chunks(change, variants.shape[0], batch_size)])  # halved on OOM
+    if itself is not None:
+        changes = changes.float().masked_fill(itself, float("nan"))  # the mask itself left out: no context token
+    return changes.reshape(tokens.shape[0], len(positions)), answer_logits(model, clean, at)[:, -1]
+
+
+def variant_reads(at: torch.Tensor | None, positions: Sequence[int], mode: str,
+                  n: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Where each leave-one-out variant (example-major, loo_variants) is read and which leave out the mask itself
+    -> (read positions [batch*m], bool [batch*m]), or (None, None) without a mask (`at` None): removing a token
+    before the mask moves it one to the left; a variant without its mask is read at a valid position and its
+    change discarded."""
+    if at is None:
+        return None, None
+    idx = torch.as_tensor(list(positions), dtype=torch.long, device=at.device)  # [m]
+    where = at[:, None].expand(-1, len(idx))  # [batch, m]
+    itself = where == idx[None, :]  # [batch, m]
+    if mode == "remove":
+        where = where - (idx[None, :] < where).long()
+        where = where.clamp_max(n - 2)  # a removed last mask is still read in range (n - 1 tokens left)
+    return where.reshape(-1), itself.reshape(-1)
 
 
 def _loo_cached_prefix(model, tokens: torch.Tensor, positions: list[int], *, mode: str,

@@ -6,7 +6,8 @@ keys the model's mask lets the query see (`key_support`: causal, and the last `w
 sliding-window layer, models.layer_windows; the tokens are unpadded). Permuting over every key
 would move weight onto keys the window masks, a read the model cannot make (review 9a A1); a zero
 weight inside the window is still a key and takes part. For decoders only the
-prediction's query row (the last position) is permuted, so causality is kept; for encoders every
+prediction's query row (the last position) is permuted, so causality is kept, and on a masked LM scored at its
+mask (analyses/core/mask_read.py) the mask's row, where the answer is read; for other encoders every
 query row of a head is permuted with the head's draw. The output change (TVD of the next-token
 distribution, or 1 - cosine of the pooled embedding) is summarised per example by its median
 over draws, to plot against the maximum attention. With a `score` (the task metric from the
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from headscope.analyses.attribution.methods import Score, prediction, prediction_change
+from headscope.analyses.attribution.methods import Score, answer_logits, prediction, prediction_change
 from headscope.errors import ConfigError
 from headscope.hooks.sites import site
 from headscope.models.hooked_model import layer_windows, visible_keys
@@ -78,11 +79,15 @@ def permuted_z(rows: torch.Tensor, v: torch.Tensor, perms: torch.Tensor) -> torc
     return torch.einsum("bhrk,bkhd->brhd", rows.gather(-1, idx), v)
 
 
-def z_hook(new_z: torch.Tensor):
-    """A hook_z hook writing new_z [batch, r, head, d_head] over the last r positions."""
+def z_hook(new_z: torch.Tensor, at: torch.Tensor | None = None):
+    """A hook_z hook writing new_z [batch, r, head, d_head] over the last r positions, or (r = 1) at each row's
+    mask `at` [batch]."""
 
     def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # [batch, pos, head, d_head]
         out = z.clone()
+        if at is not None:
+            out[torch.arange(z.shape[0], device=z.device), at.to(z.device)] = new_z[:, 0].to(z.dtype)
+            return out
         out[:, -new_z.shape[1] :] = new_z.to(z.dtype)
         return out
 
@@ -90,11 +95,12 @@ def z_hook(new_z: torch.Tensor):
 
 
 @torch.no_grad()
-def prediction_rows(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def prediction_rows(model, tokens: torch.Tensor, layer: int,
+                    at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One clean run -> (prediction [batch, out], the attention rows that feed it [batch, head, r, k]
-    (the last row for decoders, every row for encoders), values [batch, k, head, d_head] with the
-    KV heads repeated, the last position's output [batch, 1, vocab] for a Score). Nothing before
-    `layer` changes when those rows do, so these are reused."""
+    (the last row for decoders, the mask's row at `at` [batch] for a masked LM scored there, every row for other
+    encoders), values [batch, k, head, d_head] with the KV heads repeated, the answer logits [batch, 1, vocab] for
+    a Score). Nothing before `layer` changes when those rows do, so these are reused."""
     facts = model.facts
     seen: dict[str, torch.Tensor] = {}
 
@@ -106,11 +112,14 @@ def prediction_rows(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tens
 
     fwd = [(site("pattern", layer), keep("pattern")), (site("v", layer), keep("v"))]
     out = model.run_with_hooks(tokens, fwd=fwd)  # [batch, pos, vocab]
-    ref = prediction(model, out)  # [batch, out]
+    ref = prediction(model, out, at)  # [batch, out]
     pattern = seen["pattern"]  # [batch, head, q, k]
-    rows = pattern if facts.is_encoder else pattern[:, :, -1:]  # [batch, head, r, k]
+    if at is not None:  # the mask's row
+        rows = pattern[torch.arange(len(pattern), device=pattern.device), :, at.to(pattern.device)][:, :, None]
+    else:
+        rows = pattern if facts.is_encoder else pattern[:, :, -1:]  # [batch, head, r, k]
     v = seen["v"].repeat_interleave(facts.n_heads // facts.n_kv_heads, dim=2)  # [batch, k, head, d_head]
-    return ref, rows, v, out[:, -1:]
+    return ref, rows, v, answer_logits(model, out, at)
 
 
 SATURATED = 0.99  # the clean top-token probability from which an example's output counts as saturated
@@ -180,13 +189,15 @@ def permute_attention(
     batch_size: int = 256,
     generator: Generators = None,
     score: Score | None = None,
+    at: torch.Tensor | None = None,
 ) -> Permuted:
     """permutation_test's draws -> Permuted: the output changes, the max attention, the clean top-token
-    probability (decoders) and, with `score` (the task metric of the last-position logits of given
-    examples), each draw's change of that metric [batch, draw] in its own units."""
+    probability (decoders, a masked LM at its mask) and, with `score` (the task metric of the answer logits of given
+    examples), each draw's change of that metric [batch, draw] in its own units. at [batch]: a masked LM's mask
+    positions, where its answer is read: only the mask's row is permuted and the output read there."""
     model.check_layer(layer)
     facts = model.facts
-    ref, rows, v, last = prediction_rows(model, tokens, layer)
+    ref, rows, v, last = prediction_rows(model, tokens, layer, at)
     max_attention = rows.float().mean(2).mean(1).max(-1).values  # [batch]
     batch, n = tokens.shape
     support = key_support(model, layer, n)  # [key] what the mask lets the rows see: only these move
@@ -199,12 +210,14 @@ def permute_attention(
     for i in range(0, len(example), batch_size):
         ex = example[i : i + batch_size]
         new_z = permuted_z(rows[ex], v[ex], perms[i : i + batch_size])  # [chunk, r, head, d_head]
-        logits = model.run_with_hooks(tokens[ex], fwd=[(site("z", layer), z_hook(new_z))])
-        out.append(prediction_change(model, prediction(model, logits), ref[ex]))
+        where = None if at is None else at[ex]  # [chunk] the rows' masks
+        logits = model.run_with_hooks(tokens[ex], fwd=[(site("z", layer), z_hook(new_z, where))])
+        out.append(prediction_change(model, prediction(model, logits, where), ref[ex],
+                                     pooled=None if at is None else False))
         if score is not None:
-            moved.append(score(logits[:, -1:].float(), ex) - clean[ex])
+            moved.append(score(answer_logits(model, logits, where).float(), ex) - clean[ex])
     shape = (batch, n_permutations)
     return Permuted(change=torch.cat(out).reshape(shape).cpu(), max_attention=max_attention.cpu(),
-                    top_prob=None if facts.is_encoder else ref.max(-1).values.cpu(),
+                    top_prob=None if facts.is_encoder and at is None else ref.max(-1).values.cpu(),
                     metric_change=torch.cat(moved).reshape(shape).cpu() if moved else None,
                     perms=perms.reshape(batch, n_permutations, facts.n_heads, n).cpu())

@@ -95,7 +95,8 @@ class Reads:
     metric: str = ""
 
 
-ENCODER_SCORING = "headscope scores encoders by their pooled embedding; it does not read a masked-LM head"
+ENCODER_SCORING = ("headscope scores encoders by their pooled embedding; it reads a masked-LM head (heads, attribution) "
+                   "only where every prompt holds exactly one mask token and gives a one-token answer")
 
 
 ENGLISH_PROBE = "Extract the value corresponding to the specified key in the JSON object below."

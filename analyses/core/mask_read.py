@@ -67,3 +67,10 @@ def mask_read(model, task: Task, positions: torch.Tensor | None = None) -> dict[
     name = "lm_head" if hasattr(original, "lm_head") else "cls"
     return {"mask_token": str(model.tokenizer.mask_token), "n_prompts": len(task),
             "head": f"{type(original).__name__}.{name}"}
+
+
+def mask_metric(read: dict) -> str:
+    """Reads.metric of an encoder scored at its mask (the summary's mask_read)."""
+    return (f"the task's metric on the answer at each prompt's {read.get('mask_token', 'mask token')}, read through "
+            f"the checkpoint's masked-LM head ({read.get('head', 'its MLM head')}) as a decoder's at its answer "
+            "position")

@@ -51,6 +51,7 @@ from headscope.analyses.core import default_tasks, task_files, tasks
 from headscope.analyses.core.chance import mean_interval, t_half_width
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
+from headscope.analyses.core.mask_read import mask_metric
 from headscope.analyses.core.metrics import noise_floor
 from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
@@ -121,13 +122,6 @@ ENCODER_METRIC = ("cosine of each prompt's mean-pooled embedding with the unprun
 
 ENCODER_SCORING_HEADS = (f"{ENCODER_SCORING.split(';')[0]}; heads reads a masked-LM head only where every prompt holds "
                          "exactly one mask token and gives an answer")
-
-
-def mask_metric(read: dict) -> str:
-    """Reads.metric of an encoder scored at its mask (the summary's mask_read)."""
-    return (f"the task's metric on the answer at each prompt's {read.get('mask_token', 'mask token')}, read through "
-            f"the checkpoint's masked-LM head ({read.get('head', 'its MLM head')}) as a decoder's at its answer "
-            "position")
 
 
 def reads(model, config: Any = None, summary: Any = None) -> Reads:

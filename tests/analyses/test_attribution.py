@@ -1243,3 +1243,112 @@ def test_an_embedding_the_bridge_never_hooks_is_one_clear_error(tiny_granite, mo
                            facts=model.facts)
     with pytest.raises(ConfigError, match=r"\(GraniteForCausalLM\) has no hook_embed hook point\.$"):
         am.gradient_scores(bare, task.tokens, forward, (task.answers, task.wrong_answers))
+
+
+# ---- a masked LM scored at its mask (review 15c B1) -------------------------------------------------------------
+MLM_ROWS = [[4, 5, 63, 6, 7], [8, 63, 9, 10, 11], [12, 13, 14, 63, 15], [16, 17, 63, 18, 19, 20]]  # one w59 each
+MLM_AT = [2, 1, 3, 2]  # each row's mask position, by hand
+
+
+@pytest.fixture(scope="module")
+def tiny_mlm(tmp_path_factory):
+    """A random BertForMaskedLM (2 layers, d_model 32) with the word tokenizer, w59 (id 63) as its mask token, float64:
+    (directory, HookedModel)."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny-mlm") / "mlm"
+    cfg = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                     max_position_embeddings=64, pad_token_id=1)
+    bert = BertForMaskedLM(cfg)
+    with torch.no_grad():  # larger than BERT's init, so that attention is far from uniform
+        for p in bert.parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.2)
+    bert.save_pretrained(out)
+    word_tokenizer().save_pretrained(out)
+    model = hs.load_model(out, device="cpu", dtype=torch.float64)
+    model.tokenizer.mask_token = "w59"
+    return out, model
+
+
+def _mlm_task(metric: str = "logprob") -> Task:
+    width = max(map(len, MLM_ROWS))
+    tokens = torch.tensor([r + [1] * (width - len(r)) for r in MLM_ROWS])  # right-padded with <pad>
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in MLM_ROWS])
+    return Task(name="fill", tokens=tokens, attention_mask=mask, answers=torch.tensor([20, 21, 22, 23]), metric=metric,
+                wrong_answers=torch.tensor([30, 31, 32, 33]) if metric == "logit_diff" else None)
+
+
+def _normalised(x: np.ndarray) -> np.ndarray:
+    x = np.clip(x, 0, None)
+    return x / x.sum()
+
+
+def test_a_masked_lm_is_attributed_at_its_mask_as_plain_hf(tiny_mlm):
+    """Review 15c B1: on a BertForMaskedLM whose 4 prompts each hold one mask token, attribution scores the answer at
+    the mask through the MLM head, as heads does: example 0's saliency and |gradient x input| equal plain HF's
+    autograd of log p(answer) at the mask (float64) with respect to BertEmbeddings' output, the attention scores are
+    the mask's row of HF's output_attentions, leave-one-out is the TVD of HF's distribution at the mask (moved left
+    where an earlier token is removed), the mask itself is in no ranking, and the summary and provenance say where
+    the answer was read (the old code differentiated the pooled-embedding cosine with the next prompt)."""
+    from transformers import BertForMaskedLM
+
+    from headscope.analyses.core import registry
+    from headscope.reports.findings import finding
+
+    path, model = tiny_mlm
+    res = attribution(model, _mlm_task(), progress=False, n_steps=4, ig_max_steps=4, n_permutations=2,
+                      adversarial_steps=0)
+    s = res.summary
+    assert s["metric"] == "logprob" and s["output_change"] == "tvd" and s["loo_metric"] == "tvd"
+    assert s["mask_read"] == {"mask_token": "w59", "n_prompts": 4, "head": "BertForMaskedLM.cls"}
+    assert "partner_ceiling" not in s
+    uses = registry.reads("attribution", model, None, s)
+    assert uses.answers and "at each prompt's w59" in uses.metric and "cosine" not in uses.metric
+    guard = registry.chance_summary("attribution", s, model, _mlm_task())  # the old code: none for an encoder
+    assert guard["read_at"] == "each prompt's w59" and guard["n_examples"] == 4
+    said = finding("attribution", s)
+    assert said.startswith("Each answer is read at its prompt's w59 through the checkpoint's masked-LM head "
+                           "(BertForMaskedLM.cls)") and "partner" not in said
+
+    hf = BertForMaskedLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float64).eval()
+    ids, at, answer = torch.tensor([MLM_ROWS[0]]), MLM_AT[0], 20
+    emb = hf.bert.embeddings(input_ids=ids).detach().requires_grad_(True)  # [1, pos, d]: the embedding layer's output
+    logp = hf.cls(hf.bert.encoder(emb).last_hidden_state)[0, at].log_softmax(-1)[answer]
+    (grad,) = torch.autograd.grad(logp, [emb])  # [1, pos, d]
+    tok = res.tables["token_scores"].query("example == 0").pivot(index="position", columns="method", values="score")
+    np.testing.assert_allclose(tok["saliency"].to_numpy(), grad[0].norm(dim=-1).numpy(), rtol=1e-6)  # stored as float32
+    np.testing.assert_allclose(tok["grad_x_input"].to_numpy(), (grad * emb)[0].sum(-1).abs().detach().numpy(),
+                               rtol=1e-6)
+
+    ranked = [1, 3]  # positions 1..n-2 less the mask (2)
+    scores = res.tables["scores"].query("example == 0")
+    assert sorted(set(scores.position)) == ranked
+    with torch.no_grad():
+        attn = hf(ids, output_attentions=True).attentions  # per layer [1, head, q, k]
+    for layer, head in ((0, 1), (1, 3)):
+        got = scores.query(f"method == 'attention' and layer == {layer} and head == {head}").sort_values("position")
+        np.testing.assert_allclose(got.score.to_numpy(), _normalised(attn[layer][0, head, at, ranked].detach().numpy()),
+                                   rtol=1e-6)
+
+    def dist(t: list[int], where: int) -> torch.Tensor:
+        with torch.no_grad():
+            return hf(torch.tensor([t])).logits[0, where].softmax(-1)
+
+    clean = dist(MLM_ROWS[0], at)
+    tvd = [0.5 * float((dist(MLM_ROWS[0][:p] + MLM_ROWS[0][p + 1:], at - (p < at)) - clean).abs().sum())
+           for p in ranked]
+    loo = scores.query("method == 'leave_one_out'").sort_values("position").score.to_numpy()
+    np.testing.assert_allclose(loo, _normalised(np.array(tvd)), rtol=1e-6)
+    perm = res.tables["permutation"].set_index("example")  # the mask's row is the one permuted at the last layer
+    assert perm.loc[0, "max_attention"] == pytest.approx(float(attn[1][0, :, at].mean(0).max()), rel=1e-6)
+    assert perm.loc[0, "top_prob"] == pytest.approx(float(clean.max()), rel=1e-6)
+
+    diff = attribution(model, _mlm_task("logit_diff"), progress=False, n_steps=4, ig_max_steps=4, n_permutations=2,
+                       adversarial_steps=0)
+    with torch.no_grad():
+        logits = hf(torch.tensor([MLM_ROWS[0]])).logits[0, at]  # [vocab]
+    assert diff.summary["metric"] == "logit_diff"
+    assert diff.tables["ig"].set_index("example").loc[0, "metric_input"] == pytest.approx(
+        float(logits[20] - logits[30]), rel=1e-6)

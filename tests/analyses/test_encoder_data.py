@@ -1,8 +1,7 @@
 """What an encoder's analyses read of the data (review 7b, A2 and A5): a masked LM with its own small
 WordPiece tokenizer, a cloze task file in the user's own columns. heads scores this masked LM at each
-prompt's [MASK] through its MLM head (review 15c B1); attribution scores encoders by their pooled embedding,
-so it reads the task's prompts only: its section says so, names the metric, and shows no answer or corrupted
-prompt; on the shipped
+prompt's [MASK] through its MLM head (review 15c B1), and so does attribution: its section says it reads the
+prompts and answers there, names the metric, and shows no corrupted prompt; on the shipped
 sentences, which such a tokenizer splits into pieces and unknown words, the runs warn and say it."""
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from tests_support import save_tokenizer, wordpiece
 COLOURS = {"red": "cherry", "yellow": "banana", "green": "lime", "purple": "grape"}
 PLACES = ("table", "plate", "shelf")
 FIELDS = {"prompt": "cloze", "answer": "fill", "corrupted_prompt": "swapped_colour", "wrong_answer": "swapped_fill"}
-ENCODER_WHY = "headscope scores encoders by their pooled embedding; it does not read a masked-LM head"
 
 
 def cloze(colour: str, place: str, adj: str = "") -> str:
@@ -67,28 +65,6 @@ def english_bert(tmp_path_factory):
     return hs.load_model(path, device="cpu")
 
 
-def hf_pooled(hf, tok, texts, zero=None) -> torch.Tensor:
-    """[n, d_model]: plain HF BertModel's mean-pooled last hidden state of each text run alone; zero: (layer,
-    head) whose z is zeroed before its attention output projection."""
-    handles = []
-    if zero is not None:
-        layer, head = zero
-        d_head = hf.config.hidden_size // hf.config.num_attention_heads
-
-        def pre(module, args):
-            z = args[0].clone()
-            z[..., head * d_head:(head + 1) * d_head] = 0
-            return (z,)
-
-        handles.append(hf.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(pre))
-    try:
-        with torch.no_grad():
-            return torch.stack([hf(**tok(t, return_tensors="pt")).last_hidden_state[0].mean(0) for t in texts])
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def test_heads_scores_a_masked_lm_cloze_file_at_its_mask(fruit_bert):
     """A prompt/answer cloze file on a BertForMaskedLM, each prompt holding one [MASK] (review 15c B1): heads reads
     its prompts and answers and scores the logit difference of the answer against the wrong answer at the [MASK]
@@ -136,14 +112,15 @@ def test_heads_scores_a_masked_lm_cloze_file_at_its_mask(fruit_bert):
         assert zero[(layer, head)] == pytest.approx(float((clean - diffs((layer, head))).mean()), abs=1e-5)
 
 
-def test_attribution_section_names_what_it_used_and_shows_no_answer_or_corrupted_prompt(fruit_bert):
-    """Review 7b A2: the section said "from your task" and showed "-> 'grape'; corrupted: ..." while neither is
-    used; it now says the prompts only, why, and the metric, which matches attribution's own numbers: the
-    cosine of each prompt's pooled embedding (plain HF) with the next sampled prompt's. The report's own
-    steps (plan, run, ran_on, task_record), without its pages."""
+def test_attribution_section_reads_a_masked_lm_cloze_file_at_its_mask(fruit_bert):
+    """Review 7b A2 then 15c B1: the section says what attribution used, why, and the metric, which matches its own
+    numbers. On this BertForMaskedLM, each prompt holding one [MASK], that is the prompts and answers, read at the
+    [MASK] through the MLM head: IG's metric at the input is plain HF's logit(fill) - logit(swapped_fill) there,
+    each text run alone (the pooled embedding's cosine with the next prompt's before). No corrupted prompt is shown.
+    The report's own steps (plan, run, ran_on, task_record), without its pages."""
     import dataclasses
 
-    from transformers import AutoModel
+    from transformers import BertForMaskedLM
 
     from headscope.analyses.attribution import AttributionConfig
     from headscope.analyses.core import runner
@@ -155,23 +132,28 @@ def test_attribution_section_names_what_it_used_and_shows_no_answer_or_corrupted
     config = AttributionConfig(quick=True, n_examples=4, n_permutations=2, adversarial_steps=0)
     plan = dataclasses.replace(plan, config=config, resolved=runner._resolve(model, "attribution", plan, config))
     outcome = runner.run_planned(model, "attribution", plan, seed=0)
-    record = task_record(model, "attribution", runner.ran_on(model, "attribution", plan), outcome.result.summary,
-                         plan.used, config=config)
-    assert record["uses"] == f"your prompts only; answers and corrupted prompts are not used: {ENCODER_WHY}"
-    assert record["metric"].startswith("cosine of each prompt's mean-pooled embedding with the next sampled prompt's")
-    assert set(record["sample"]) == {"prompt"}
+    s = outcome.result.summary
+    assert s["metric"] == "logit_diff" and s["mask_read"]["mask_token"] == "[MASK]"
+    record = task_record(model, "attribution", runner.ran_on(model, "attribution", plan), s, plan.used, config=config)
+    assert record["uses"] == "your prompts and answers; corrupted prompts are not used: attribution scores each prompt alone"
+    assert "at each prompt's [MASK]" in record["metric"] and "cosine" not in record["metric"]
     lines = provenance_lines(record)
-    assert f"uses: your prompts only; answers and corrupted prompts are not used: {ENCODER_WHY}" in lines
-    assert lines[-1].startswith("sample: '[CLS] the") and "corrupted: " not in lines[-1] and " -> " not in lines[-1]
-    # what the metric line says is what attribution computed: the prompts in the Task's order, each with the next
-    texts = [json.loads(line)["cloze"] for line in open(path, encoding="utf-8")]
+    assert "corrupted: " not in lines[-1]
+    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
     order = plan.resolved.source_rows.tolist()
     assert sorted(order) == record["rows"]
-    hf = AutoModel.from_pretrained(model.source, attn_implementation="eager").eval()
-    pooled = hf_pooled(hf, model.tokenizer, [texts[i] for i in order])
-    expected = torch.nn.functional.cosine_similarity(pooled, pooled.roll(-1, dims=0), dim=-1)
+    hf = BertForMaskedLM.from_pretrained(model.source, attn_implementation="eager").eval()
+    tok = model.tokenizer
+    expected = []
+    with torch.no_grad():
+        for r in (rows[i] for i in order):
+            enc = tok(r["cloze"], return_tensors="pt")
+            at = int((enc["input_ids"][0] == tok.mask_token_id).nonzero())
+            logits = hf(**enc).logits[0, at]  # [vocab]
+            good, bad = (tok(r[k], add_special_tokens=False)["input_ids"][0] for k in ("fill", "swapped_fill"))
+            expected.append(float(logits[good] - logits[bad]))
     ig = outcome.result.tables["ig"].sort_values("example")
-    assert ig["metric_input"].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    assert ig["metric_input"].tolist() == pytest.approx(expected, abs=1e-5)
 
 
 def heads_on_shipped_sentences(model, n: int = 8):
