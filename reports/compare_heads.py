@@ -31,6 +31,8 @@ from headscope.reports.compare_run import (
     chance_refusal,
     models_differ,
     noise_verdict,
+    precision_only,
+    same_rows,
     task_identity,
     tasks_differ,
 )
@@ -112,7 +114,12 @@ def _gradient_floor(a: Run, b: Run) -> tuple[np.ndarray, str] | None:
     own = [s.get("rounding_gradient") for s in sums]
     if all(_number(x) for x in own):  # reviews 14b A2, 14c A1: each run's own, measured against float32 where it could
         floor = sum(float(x) for x in own) * np.ones_like(values[0])
-        said = ", ".join(f"{side} {float(x):.2g} ({s.get('rounding_gradient_source') or 'analytic'})"
+        # review 15cv A1: "measured" recomputes on the run's own rounded weights upcast (rounding.gradient_check), so
+        # it is the arithmetic's rounding only; one model in two dtypes also differs by its weights' rounding
+        pair = precision_only(a, b) is not None
+        said = ", ".join(f"{side} {float(x):.2g} ({s.get('rounding_gradient_source') or 'analytic'}"
+                         + (": arithmetic only, against float32 on its own rounded weights"
+                            if pair and s.get("rounding_gradient_source") == "measured" else "") + ")"
                          for side, x, s in zip(SIDES, own, sums))
         return floor, f"each run's gradient rounding (rounding_gradient) summed over the two runs ({said})"
     scales = [s.get("rounding_gradient_scale") for s in sums]
@@ -166,6 +173,25 @@ def noise_band(a: Run, b: Run, method: str, raw: bool) -> tuple[Any, str]:
             band = np.maximum(band, floor)
         rule += f" (never below {floor_words})"
     return band, rule
+
+
+def dtype_pair_words(a: Run, b: Run, diff: pd.DataFrame, largest: bool = True) -> str:
+    """Review 15cv A1: where A and B are one model run in two dtypes on the same examples (precision_only, same_rows),
+    all of B - A is the lower precision's rounding, of the weights (a bfloat16 copy's, or the cast on loading) and of
+    the arithmetic, as compare_run.precision_verdict says of the headlines; its largest |B - A| is that rounding's
+    size here (said unless `largest` is False: all_within's words already give it), which a gradient rounding
+    measured on the run's own rounded weights leaves part of out. '' otherwise."""
+    sides = precision_only(a, b)
+    values = diff.to_numpy(dtype=float)  # [layer, head]
+    if sides is None or not same_rows(a, b, "heads") or not np.isfinite(values).any():
+        return ""
+    dtypes = [str((r.manifest.get("config") or {}).get("dtype")) for r in (a, b)]
+    low = dtypes[sides[1]]
+    return (f" One model on the same examples run in two dtypes (A {dtypes[0]}, B {dtypes[1]}): all of B - A is "
+            f"{low}'s rounding, of the weights and of the arithmetic"
+            + (f" (largest |B - A| {float(np.nanmax(np.abs(values))):.3g})" if largest else "")
+            + ", not sampling noise; a gradient rounding measured against float32 on a run's own rounded weights "
+            "covers the arithmetic only.")
 
 
 def difference_panel(ax: Any, diff: pd.DataFrame, band: Any) -> float:
@@ -241,7 +267,7 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
                 rule += f". {said[0].upper()}{said[1:]}"
             ax.set_title("B - A" + muted, **({"fontsize": "medium"} if undetected else {}))
             ax.set(xlabel="head", ylabel="layer")
-            notes.append(SAME + f"B - A head importance: {rule}.")
+            notes.append(SAME + f"B - A head importance: {rule}.{dtype_pair_words(a, b, grid, not undetected)}")
             continue
         unsigned = all(m == "gradient" for m in methods)  # |dL/d gate|: sequential from 0
         rounding = refusals[SIDES.index(title[0])]  # review 15c C2: muted as its own importance.png is, and why

@@ -176,12 +176,21 @@ def _floor_words(s: Mapping[str, Any]) -> str:
         else:
             how = "one rounding step of the metric at the model's dtype: no null ablation measured it"
         said.append(f"closer than {floor:.2g} by {by} ({how})")
-    size = _num(s.get("rounding_floor_size"))
-    grown = ("one rounding step of S at the model's dtype, eps x S" if s.get("metric") == "logprob" else
-             f"that floor times S / {size:.3g}" if size is not None else "")
-    grows = (f", a floor for metric values up to {size:.3g} in size; two heads whose larger ablated metric (unpruned "
-             f"minus the importance), S, is larger in size tie within {grown}, as one rounding step grows with the "
-             "number rounded" if said and size is not None else "")
+    size, sens = _num(s.get("rounding_floor_size")), _num(s.get("rounding_sensitivity"))
+    k = _num(s.get("rounding_floor_tokens"))
+    if s.get("metric") == "logprob" and size is not None and sens is not None and k is not None:
+        # review 15cv B1: the size is the logits', and a log-probability's rounding grows with 1 - p, not its size
+        share = "(1 - e^(-S))" if k == 1 else f"{k:.0f} (1 - e^(-S/{k:.0f}))"
+        grows = (f", at the unpruned answers' 1 - p ({sens:.2g} on average, summed over each answer's tokens); a "
+                 "log-probability carries its logits' rounding times 1 - p, so two heads whose larger ablated "
+                 f"log-probability is -S tie within that floor times {share} / {sens:.2g}, and once S passes the "
+                 f"logits' size ({size:.3g}) within one rounding step of S" if said else "")
+    else:
+        grown = ("one rounding step of S at the model's dtype, eps x S" if s.get("metric") == "logprob" else
+                 f"that floor times S / {size:.3g}" if size is not None else "")
+        grows = (f", a floor for metric values up to {size:.3g} in size; two heads whose larger ablated metric "
+                 f"(unpruned minus the importance), S, is larger in size tie within {grown}, as one rounding step "
+                 "grows with the number rounded" if said and size is not None else "")
     gradient = _gradient_floor_words(s) if "gradient" in tied else ""
     ablation = f"Within rounding here means {'; '.join(said)}{grows}." if said else ""
     return " ".join(x for x in (ablation, gradient) if x)
@@ -224,6 +233,17 @@ def _gradient_floor_words(s: Mapping[str, Any]) -> str:
     return said + "."
 
 
+def _inner_ties(s: Mapping[str, Any], method: str) -> list[int]:
+    """Indices of tied_first_pruned_<method>'s runs whose heads all lie in close_first_pruned_<method>'s run (review
+    15cv B1: the same pair was named under both rules); the close sentence says them, the tie sentence leaves them."""
+    close = s.get(f"close_first_pruned_{method}")
+    heads = close.get("heads") if isinstance(close, Mapping) else None
+    if (start_of_order(s, method) or ("",))[0] != "close" or not isinstance(heads, list):
+        return []
+    groups = s.get(f"tied_first_pruned_{method}") or []
+    return [i for i, g in enumerate(groups) if isinstance(g, list) and len(g) > 1 and set(g) <= set(heads)]
+
+
 def _first_close_words(s: Mapping[str, Any], method: str) -> str:
     """The first heads of the ablation order within each other's standard errors (close_first_pruned_<method>),
     unless a rounding tie already starts the order (review 8b A2: in float32 the first two are 0.005 apart with
@@ -235,10 +255,18 @@ def _first_close_words(s: Mapping[str, Any], method: str) -> str:
     heads, imp, se = close["heads"], close.get("importance") or [], close.get("se") or []
     if len(heads) < 2 or len(imp) != len(heads) or len(se) != len(heads) or any(_num(x) is None for x in [*imp, *se]):
         return ""
+    groups, starts = s.get(f"tied_first_pruned_{method}") or [], s.get(f"tied_first_pruned_at_{method}") or []
+    inner = []
+    for i in _inner_ties(s, method):
+        at = _num(starts[i]) if i < len(starts) else None
+        where = f" (removed {and_join([ordinal(int(at) + j) for j in range(len(groups[i]))])})" if at is not None else ""
+        inner.append(f"{and_join([str(h) for h in groups[i]])}{where}")
+    also = f", {'; '.join(inner)} by less than rounding too" if inner else ""
     return (f"The first heads of the ablation order, {and_join([str(h) for h in heads])} "
             f"({and_join(_values([float(v) for v in imp]))}), differ from their neighbours by less than their standard "
             "errors over examples "
-            f"({and_join(_values([float(v) for v in se]))}): which is removed first is not measured by these examples"
+            f"({and_join(_values([float(v) for v in se]))}){also}: which is removed first is not measured by these "
+            "examples"
             + (", but the count does not depend on it: no step that decides it falls between them."
                if close.get("moves_count") is False else ", and the count's interval can depend on it."))
 
@@ -248,11 +276,24 @@ def _tie_sentences(s: Mapping[str, Any]) -> list[str]:
     first heads of the ablation order within their standard errors."""
     firsts = ("tied_first_pruned_values_", "tied_first_pruned_at_", "tied_first_pruned_moves_")
     said = [_top_tie_words(s, k.removeprefix("tied_top_heads_")) for k in s if k.startswith("tied_top_heads_")]
-    said += [_first_tie_words(s, k.removeprefix("tied_first_pruned_")) for k in s
-             if k.startswith("tied_first_pruned_") and not k.startswith(firsts)]
-    said.append(_floor_words(s))
-    said += [_first_close_words(s, k.removeprefix("close_first_pruned_")) for k in s if k.startswith("close_first_pruned_")]
-    return [x for x in said if x]
+    methods = [k.removeprefix("tied_first_pruned_") for k in s
+               if k.startswith("tied_first_pruned_") and not k.startswith(firsts)]
+    said += [_first_tie_words(_without(s, m, _inner_ties(s, m)), m) for m in methods]
+    close = [_first_close_words(s, k.removeprefix("close_first_pruned_")) for k in s if k.startswith("close_first_pruned_")]
+    if any(_inner_ties(s, m) for m in methods):  # the close sentence names a tie: say what rounding meant after it
+        return [x for x in [*said, *close, _floor_words(s)] if x]
+    return [x for x in [*said, _floor_words(s), *close] if x]
+
+
+def _without(s: Mapping[str, Any], method: str, drop: list[int]) -> Mapping[str, Any]:
+    """s with the tied_first_pruned_<method> runs at `drop` (and their values, starts, reach) left out."""
+    if not drop:
+        return s
+    out = dict(s)
+    for key in ("tied_first_pruned_", "tied_first_pruned_values_", "tied_first_pruned_at_", "tied_first_pruned_moves_"):
+        if isinstance(s.get(key + method), list):
+            out[key + method] = [x for i, x in enumerate(s[key + method]) if i not in drop]
+    return out
 
 
 def _sink_words(s: Mapping[str, Any], roles: Mapping[str, Any], *, ranked: bool = True) -> str:

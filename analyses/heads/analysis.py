@@ -228,7 +228,7 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
                      metric_sensitivity: float | None = None, loss_sensitivity: float | None = None,
                      scale: float | None = None, baseline: float | None = None,
                      gradient_check: dict[str, Any] | None = None,
-                     loss_dtype: torch.dtype | None = None) -> dict[str, Any]:
+                     loss_dtype: torch.dtype | None = None, answer_tokens: int = 1) -> dict[str, Any]:
     """Which importances are rounding at the model's dtype, each in its own units:
     - ablation (zero, mean, resample): a difference of two metric values, so its floor is `measured` (the
       null ablations' floor, rounding.measured_floor) where given, else the metric's analytic rounding
@@ -273,7 +273,8 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     (ablation_tie): a head's ablated metric is baseline - importance, two heads' importances differ by their ablated
     metrics' difference (the baseline cancels), and one rounding step of a number grows with it (metrics.noise_floor,
     eps x max(1, |size|): 2.3 in bfloat16 at 300, where the floor holds for a metric of about 10); recorded as
-    rounding_floor_size (the size each ablation floor holds for)."""
+    rounding_floor_size (the size each ablation floor holds for: the logits' for a log-probability, whose floor grows
+    with its 1 - p instead, answer_tokens k at most per row)."""
     eps = float(torch.finfo(dtype).eps)
     wider = loss_dtype is not None and torch.promote_types(dtype, loss_dtype) != dtype  # the loss upcasts the pass
     loss_dt = torch.promote_types(dtype, loss_dtype) if wider else dtype
@@ -319,6 +320,8 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     out.update({f"rounding_floor_{m}": floors[m] for m in raw}, rounding_floor_source=source)
     if baseline is not None and set(raw) - {"gradient"}:
         out["rounding_floor_size"] = max(1.0, abs(float(metric_size)))
+        if metric_sensitivity is not None:  # a log-probability's tie grows with 1 - p (ablation_tie), k tokens a row
+            out["rounding_floor_tokens"] = max(1, int(answer_tokens))
     for method, imp in raw.items():
         floor = floors[method]
         flat = imp.detach().double().flatten().cpu()  # [layer * head]
@@ -366,7 +369,7 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
                 if baseline is None:
                     return lambda p, q: floor
                 return lambda p, q: ablation_tie(dtype, floor, metric_size, baseline, float(vals[p]), float(vals[q]),
-                                                 metric_sensitivity is not None)
+                                                 metric_sensitivity, answer_tokens)
             if per_head is not None:
                 return lambda p, q: float(per_head[idx[p]] * share[p] + per_head[idx[q]] * share[q])
             if unit is None:
@@ -415,20 +418,26 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
 
 
 def ablation_tie(dtype: torch.dtype, floor: float, metric_size: float, baseline: float, a: float, b: float,
-                 logprob: bool = False) -> float:
+                 sensitivity: float | None = None, answer_tokens: int = 1) -> float:
     """How far apart two ablation importances a and b may lie and still tie within rounding: `floor` (measured, or
     the analytic step, for a metric of about metric_size) while both ablated metrics (baseline - a, baseline - b) are
     no larger than that; past it the rounding grows with the larger one, S (metrics.noise_floor: eps x max(1, |size|)):
     floor x noise_floor(S) / noise_floor(metric_size), which for the analytic floor of a metric computed in `dtype`
-    (a logit difference) is noise_floor(dtype, S) itself. A log-probability (logprob; float32 from the logits, its
-    floor one logit step times the answer's 1 - p) rounds as its logits do once the ablation moves it past their
-    size, 1 - p then near 1: noise_floor(dtype, S)."""
+    (a logit difference) is noise_floor(dtype, S) itself. An answer log-probability (`sensitivity`: the unpruned
+    answers' E_x sum_t (1 - p_t), the share of the logits' rounding its floor carries; metric_size is then the logits'
+    size, not the metric's) rounds in proportion to 1 - p (review 15cv B1: the floor was held for ablated
+    log-probabilities up to the logits' size, 13, where 1 - p grows 200-fold by -1): floor x k (1 - e^(-S/k)) /
+    sensitivity, k answer_tokens (by Jensen's inequality the most E_x sum_t (1 - p_t) can be at a mean log-probability
+    of -S), and past the logits' size never under noise_floor(dtype, S), the step of its logits."""
     size = max(abs(baseline - a), abs(baseline - b))
     base = max(1.0, abs(float(metric_size)))
+    if sensitivity is not None:
+        k = max(1, int(answer_tokens))
+        share = k * -math.expm1(-size / k) / max(float(sensitivity), 1e-300)  # 1 - p's growth from the unpruned one
+        return max(floor, floor * share, noise_floor(dtype, size) if size > base else 0.0)
     if size <= base:
         return floor
-    grown = noise_floor(dtype, size) if logprob else floor * noise_floor(dtype, size) / noise_floor(dtype, base)
-    return max(floor, grown)
+    return max(floor, floor * noise_floor(dtype, size) / noise_floor(dtype, base))
 
 
 def _neighbour_groups(values: torch.Tensor, tol) -> list[list[int]]:
@@ -691,10 +700,16 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
                                pruning=pruning, ses=ses, measured=measured,
                                metric_sensitivity=on_metric, loss_sensitivity=on_loss, scale=gradient_scale(per),
                                baseline=baseline, gradient_check=_gradient_check(model, scorer, raw, per),
-                               loss_dtype=scorer.loss_dtype)
+                               loss_dtype=scorer.loss_dtype, answer_tokens=_answer_tokens(scorer))
     extra = ({"rounding_sensitivity": sensitivity, "rounding_logit_step": noise_floor(model.dtype, readout)}
              if on_metric is not None or on_loss is not None else {})
     return {**summary, **null, "readout_size": readout, **extra}
+
+
+def _answer_tokens(scorer: Scorer) -> int:
+    """The most answer tokens a row scores (scorer.answers [batch] or [batch, k]; 1 without answers)."""
+    a = scorer.answers
+    return int(a.shape[-1]) if a is not None and a.dim() == 2 else 1
 
 
 def _gradient_check(model, scorer: Scorer, raw: dict[str, torch.Tensor], per: pd.DataFrame | None) -> dict | None:

@@ -254,6 +254,39 @@ def test_bfloat16_ablation_ties_grow_with_the_ablated_metric():
     assert lp["tied_top_groups_zero"] == [["L0H0", "L0H1"]]  # 0.001 apart near the baseline stays untied
 
 
+def test_a_log_probability_tie_grows_with_its_1_minus_p_not_past_the_logits_size():
+    """Review 15cv B1: an answer log-probability's rounding is its logits' times 1 - p, so a floor measured at the
+    unpruned answers (p = 0.997) does not hold for ablated log-probabilities up to the logits' size (13): at p = e^-1
+    plain bfloat16 logits move log p by far more. Closed form: the floor times (1 - e^-S) / (1 - p_unpruned)."""
+    from headscope.analyses.heads.analysis import ablation_tie, numerical_checks
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(64, 506, generator=g, dtype=torch.float64) * 4  # [rows, vocab], the answer is token 0
+    rest = torch.logsumexp(z[:, 1:], -1)  # [rows]
+
+    def error(p: float) -> torch.Tensor:  # [rows] |log p with bfloat16 logits - exact|
+        z[:, 0] = rest + math.log(p / (1 - p))
+        return (torch.log_softmax(z.to(torch.bfloat16).float(), -1)[:, 0].double() - math.log(p)).abs()
+
+    floor = 2 * float(error(0.997).max())  # as the null ablations measure it: twice the largest change
+    at_e = float(error(math.exp(-1)).mean())
+    assert at_e > 5 * floor  # the unpruned floor is no floor at log p = -1
+    size, base = 13.0, math.log(0.997)
+    tol = ablation_tie(torch.bfloat16, floor, size, base, base + 1.0, base + 1.0, sensitivity=0.003)
+    assert tol == pytest.approx(floor * (1 - math.exp(-1.0)) / 0.003) and tol > at_e
+    assert ablation_tie(torch.bfloat16, floor, size, base, 0.0, 0.0, sensitivity=0.003) == pytest.approx(floor)
+    # two tokens (k = 2): at most 2 (1 - e^(-S/2)) summed 1 - p; past the logits' size one bfloat16 step of S
+    assert ablation_tie(torch.bfloat16, 3e-5, size, -0.003, 0.997, 0.997, 0.003, 2) == pytest.approx(
+        3e-5 * 2 * (1 - math.exp(-0.5)) / 0.003)
+    assert ablation_tie(torch.bfloat16, 3e-5, size, -0.003, 299.997, 299.997, 0.003) == pytest.approx(2.0 ** -7 * 300)
+    # ablated log-probabilities -1.0 and -1.005 (0.005 apart) tie; near the unpruned one 0.0001 apart does not
+    imp = torch.tensor([[0.997, 1.002], [0.0005, 0.0006]])  # [L, H], baseline -0.003
+    out = numerical_checks({"zero": imp}, torch.bfloat16, metric_size=size, k=3, baseline=-0.003, measured=3e-5,
+                           metric_sensitivity=0.003)
+    assert out["tied_top_groups_zero"] == [["L0H1", "L0H0"]]
+    assert out["rounding_floor_zero"] == 3e-5
+
+
 def test_separate_top_ties_stay_apart_and_tie_reach_finds_the_ties_that_can_move_the_count():
     """Review 9a A4.2/A4.3 (out_bf's bfloat16 zero-ablation importances, one analytic step of 10.06 = 0.0786):
     L2H0/L2H1 (0.53125 each) and L2H3/L1H0 (0.414/0.340, 0.074 apart) tie, but L2H1 -> L2H3 is 0.117: two

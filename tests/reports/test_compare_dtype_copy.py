@@ -158,3 +158,46 @@ def test_a_rounding_difference_is_judged_against_the_lower_dtypes_recorded_round
     beyond = [n for n in headline_notes(notes["a"], notes["c"]) if n.startswith("heads unpruned")]
     assert beyond == [start.format("0.98", "0.02") + "more than bfloat16's rounding step of it (0.0078): the precision "
                       "changes the computation here, not only its rounding)."]
+
+
+def _heads_run(root, folder, dtype, grid, summary):
+    """A heads run of `folder` at `dtype`: gradient importance `grid` ([2][2], se 0.01 each) on rows 0, 2, 5, 7."""
+    import pandas as pd
+
+    io.write_json(root / "manifest.json", {
+        "model": {"name": f"./{folder.name}", "source": str(folder)}, "seed": 0,
+        "config": {"analyses": ["heads"], "task": "fill.csv", "dtype": dtype, "quick": True, "n_examples": None}})
+    io.write_csv(root / "heads" / "results.csv", pd.DataFrame([
+        {"layer": l, "head": h, "method": "gradient", "importance": grid[l][h], "importance_se": 0.01}
+        for l in range(2) for h in range(2)]))
+    io.write_json(root / "heads" / "summary.json", {"metric": "logprob", "baseline_metric": -0.003, "n_heads": 4,
+                                                    "n_examples": 4, **summary})
+    io.write_json(root / "heads" / "task.json", {"task": "fill", "source": "your task (fill.csv)", "n_examples": 4,
+                                                 "rows": [0, 2, 5, 7], "sample": {"prompt": "Ann has a <mask> hat."}})
+    return Run(root)
+
+
+def test_compare_band_of_a_dtype_copy_says_its_measured_gradient_rounding_leaves_the_weights_out(tmp_path):
+    """Review 15cv A1: B's gradient rounding 6.5e-05 is measured against float32 on B's own bfloat16 weights (the
+    arithmetic only), beside a B - A of 7.65e-05 that also holds the weights' rounding. For one model in two dtypes on
+    the same rows all of B - A is bfloat16's rounding, said so; the band names B's figure as arithmetic only. Largest
+    |B - A| by hand: |0.003694 - 0.0037705| = 7.65e-05."""
+    from headscope.reports.compare_heads import importance_figure
+
+    fp32, bf16, other = _folders(tmp_path)
+    base = [[0.0037705, 0.0011], [0.0028650, 0.0005]]
+    moved = [[0.003694, 0.00111], [0.002836, 0.0005]]
+    a = _heads_run(tmp_path / "a", fp32, "float32", base,
+                   {"rounding_gradient": 3.3e-09, "rounding_gradient_source": "analytic"})
+    b = _heads_run(tmp_path / "b", bf16, "bfloat16", moved,
+                   {"rounding_gradient": 6.5e-05, "rounding_gradient_source": "measured"})
+    rule = next(n for n in importance_figure(a, b)[1] if "B - A head importance" in n)
+    assert "(A 3.3e-09 (analytic), B 6.5e-05 (measured: arithmetic only, against float32 on its own rounded weights))" in rule
+    assert rule.endswith("(largest |B - A| 7.65e-05). One model on the same examples run in two dtypes (A float32, "
+                         "B bfloat16): all of B - A is bfloat16's rounding, of the weights and of the arithmetic, not "
+                         "sampling noise; a gradient rounding measured against float32 on a run's own rounded weights "
+                         "covers the arithmetic only.")
+    c = _heads_run(tmp_path / "c", other, "bfloat16", moved,
+                   {"rounding_gradient": 6.5e-05, "rounding_gradient_source": "measured"})
+    rule = next(n for n in importance_figure(a, c)[1] if "B - A head importance" in n)  # other weights: no such words
+    assert "B 6.5e-05 (measured))" in rule and "two dtypes" not in rule

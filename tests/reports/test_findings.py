@@ -445,6 +445,28 @@ def test_a_tie_says_which_rounding_floor_it_is_within():
     assert "Within rounding" not in finding("heads", s)  # no tie, nothing to explain
 
 
+def test_a_log_probability_floor_names_the_logits_size_and_a_pair_is_named_once():
+    """Review 15cv B1 (bfloat16 RoBERTa at <mask>): "a floor for metric values up to 13 in size" named the logits'
+    size as the metric's (log P about 0.003), and L1H0/L0H3 were named under the rounding tie and again under the
+    standard-error run that holds them. One sentence names them; the floor says what it grows with."""
+    s = {**HEADS, "metric": "logprob", "rounding_floor_zero": 3.1e-05, "rounding_floor_size": 12.98,
+         "rounding_floor_tokens": 1, "rounding_sensitivity": 0.002957, "rounding_logit_step": 0.1014,
+         "rounding_floor_source": {"zero": "measured"}, "rounding_null": {"n_runs": 12},
+         "tied_first_pruned_zero": [["L1H0", "L0H3"]], "tied_first_pruned_at_zero": [2],
+         "tied_first_pruned_values_zero": [[-0.0006, -0.00059]], "tied_first_pruned_moves_zero": [False],
+         "close_first_pruned_zero": {"heads": ["L0H0", "L1H0", "L0H3"], "importance": [-0.00083, -0.0006, -0.00059],
+                                     "se": [0.00075, 0.00076, 0.00077], "moves_count": False}}
+    text = finding("heads", s)
+    assert "tie within rounding" not in text and "metric values up to" not in text  # named once, below
+    assert ("differ from their neighbours by less than their standard errors over examples (0.00075, 0.00076 and "
+            "0.00077), L1H0 and L0H3 (removed 2nd and 3rd) by less than rounding too: which is removed first") in text
+    assert ("(measured: twice the largest change of the metric in 12 null ablations, which replace a layer's heads "
+            "with themselves, so only rounding moves it), at the unpruned answers' 1 - p (0.003 on average, summed "
+            "over each answer's tokens); a log-probability carries its logits' rounding times 1 - p, so two heads "
+            "whose larger ablated log-probability is -S tie within that floor times (1 - e^(-S)) / 0.003, and once "
+            "S passes the logits' size (13) within one rounding step of S.") in text
+
+
 def test_ties_past_the_top_k_and_at_the_start_of_the_pruning_order_are_named():
     """Review 8b (bf16 OLMo 2): C1, the 5th gradient head's partner is the 6th, outside the top 5 ("L1H0 tie"
     named one head); A2, the ablation order's first two heads tie within rounding and swap between dtypes."""
