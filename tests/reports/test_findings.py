@@ -3226,6 +3226,18 @@ def test_circuits_without_wrong_answers_name_the_answer_logit():
     assert "of a final logit difference 7.05." in finding("circuits", {**s, "dla_direction": "answer - wrong_answer"})
 
 
+def test_dla_components_caption_says_what_attn_bias_holds_on_this_model():
+    """Review 15b B1 leftover: the DLA components caption called attn_bias an attention bias; on GPT-J (no attention
+    bias, dla_attn_bias_parts as tests/analyses/test_gptj.py records it) it is ln1's bias through W_V W_O alone."""
+    gptj = {"dla_attn_bias_parts": {"value": ["ln1's bias through W_V"], "b_O": False}}
+    text = caption("circuits_dla_components", gptj)
+    assert ("embeddings, MLPs, each layer's attn_bias (ln1's bias through W_V and W_O: a term the head rows leave out; "
+            "this model's attention has no output bias, so attn_bias is not an attention bias) and norm biases") in text
+    both = caption("circuits_dla_components", {"dla_attn_bias_parts": {"value": ["b_V"], "b_O": True}})
+    assert "attn_bias (the attention's output bias b_O plus b_V and W_O, terms the head rows leave out)" in both
+    assert "attention and norm biases" not in caption("circuits_dla_components", {}) + text + both
+
+
 def test_circuits_captions_name_the_answer_logit_and_why_faithfulness_is_withheld():
     """Review 14b A3/A4: the DLA captions say "answer-minus-wrong" and "final logit difference" on a task without wrong
     answers; the faithfulness and MIB figures' captions open with why the findings withhold them."""
