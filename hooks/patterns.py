@@ -12,8 +12,11 @@ are requested (no hook attached) in float32, running the rest of the pass for it
 (hooks attached, a model whose hook-free pass does not apply, capture in half precision) the
 bridge's own pattern is read, which is exact but not memory-light. Scores are computed in the
 dtype the model's attention uses (`scores_in_float32`: GPT-J upcasts q and k). In half precision the
-fused kernel's rounding of earlier layers moves later layers' q and k: `attention_pattern` and
-`reduce_patterns` stay within Hugging Face's own bfloat16 rounding (tests/hooks), not equal to it.
+fused kernel's rounding of earlier layers moves later layers' q and k, so `attention_pattern` and
+`reduce_patterns` equal Hugging Face eager's bfloat16 pattern at layer 0 only: later layers are a few
+bfloat16 steps off it (review 15b verify C1, a 3-layer GPT-J: 0.0078 and 0.0156 at layers 1-2, up to 0.025
+on other prompts), as far from the float32 pattern as Hugging Face's own bfloat16 one is (tests/analyses/
+test_gptj.py holds them within 1.5 times that gap). `capture` / `run_with_cache` give the model's own.
 """
 from __future__ import annotations
 

@@ -345,7 +345,7 @@ def _finding(s: Mapping[str, Any]) -> str:
                          f"{_same_on(s)} (clean minus corrupted exactly 0): {NO_GAP}.")
         else:
             parts.append(f"Clean prompts give {article} {metric} of {said[0]}{_metric_ci(s, 'clean')}, corrupted ones "
-                         f"{said[1]}{_metric_ci(s, 'corrupted')}" + (f", over {n:.0f} prompts." if (
+                         f"{said[1]}{_metric_ci(s, 'corrupted')}" + (f", over {_prompts(n)}." if (
                              n := _num(s.get("metric_n"))) else "."))
         if _at_chance(s, s.get("metric"), clean):
             parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
@@ -409,9 +409,11 @@ def _paths_only(s: Mapping[str, Any], gap: float | None, metric: str) -> str:
         largest = "no path was measured"
     elif top["effect"] == 0:
         largest = "every path's effect is 0"
-    else:
-        sender = top.get("sender") or ("?", "?")
-        largest = f"the largest effect in size is {top['effect']:+.3g} {metric} (L{sender[0]}H{sender[1]})"
+    else:  # review 15b verify B2: every path tied with it in size (to the 3 digits printed) named too
+        tied = [r for r in paths if f"{abs(r['effect']):.3g}" == f"{abs(top['effect']):.3g}"]
+        who = [f"{r['effect']:+.3g} (L{(r.get('sender') or '??')[0]}H{(r.get('sender') or '??')[1]})" for r in tied]
+        largest = (f"the largest effect in size is {who[0].replace(' (', f' {metric} (')}" if len(tied) == 1 else
+                   f"the largest effects in size tie, in {metric}: {and_join(who)}")
     small = s.get("gap_within_noise")
     if _chance(s) is not None:
         return f"No path is ranked at chance; {largest}."
@@ -423,26 +425,69 @@ def _paths_only(s: Mapping[str, Any], gap: float | None, metric: str) -> str:
     return _path_words(s, gap, metric, bool(s.get("normalized"))) or f"{largest[0].upper()}{largest[1:]}."
 
 
+def _prompts(n: float) -> str:
+    """'1 prompt', '8 prompts'."""
+    return f"{n:.0f} prompt{'s' * (round(n) != 1)}"
+
+
+SIGN = {"noise": "In noising, a share of -1 is the whole gap lost (the metric moved to the corrupted one) and a positive "
+                 "share moves the metric away from the corrupted one.",
+        "denoise": "In denoising, a share of 1 is the whole gap restored (the metric moved to the clean one) and a "
+                   "negative share moves the metric further from the clean one."}
+
+
 def _path_words(p: Any, gap: float | None, metric: str, normalized: bool) -> str:
-    """Review 12c B3: path patching's top path (a head's direct write into the logits, or into its receivers) with its
-    share of the gap, 95% interval and n; '' where the summary has no path with an effect."""
+    """Review 12c B3: path patching's largest path in size (a head's direct write into the logits, or into its
+    receivers) with its share of the gap, 95% interval and n; '' where the summary has no path with an effect.
+    Review 15b verify B1/B2: where every effect is 0 none is named; paths whose sizes tie (to the 3 digits printed)
+    are all named with their signs; what a share's sign means in the run's direction is said."""
     if not isinstance(p, Mapping):
         return ""
     paths = [r for r in p.get("top_paths") or [] if isinstance(r, Mapping) and _num(r.get("effect")) is not None
              and isinstance(r.get("sender"), (list, tuple)) and len(r["sender"]) == 2]
     if not paths:
         return ""
-    top = max(paths, key=lambda r: abs(r["effect"]))
+    paths.sort(key=lambda r: -abs(r["effect"]))
+    top, direction = paths[0], str(p.get("direction", "denoise"))
+    receivers = {str(r.get("receiver")) for r in paths}
+    receiver = ("the logits" if receivers == {"logits"} else
+                f"its receivers ({top.get('receiver')})" if len(receivers) == 1 else "its receivers")
+    lead = f"Path patching ({direction}, each head's direct path to {receiver} alone)"
+    n = _num(top.get("n"))
+    if top["effect"] == 0:  # every path's effect is exactly 0: no path is larger than another
+        counted = f" (n = {_prompts(n)})" if n else ""
+        return (f"{lead}: every path's effect is exactly 0{counted}: patching any one head's direct path leaves the "
+                f"{metric} unchanged at the precision the model ran in, so no path is named.")
+    size = f"{abs(top['effect']):.3g}"
+    tied = [r for r in paths if f"{abs(r['effect']):.3g}" == size]
     said = share(top, gap, normalized)
-    size = f"{said[0]:.2f} of the clean-corrupted gap" if said else f"{top['effect']:+.3g} {metric}"
-    ci, n = (said[1] if said else ci_pair(top.get("ci"))), _num(top.get("n"))
-    bits = ([f"95% CI [{ci[0]:.2f}, {ci[1]:.2f}]"] if ci else []) + ([f"n = {n:.0f} prompts"] if n else [])
-    if said and gap:
-        bits.append(f"{top['effect']:+.3g} {metric}")
-    receiver = "the logits" if top.get("receiver") == "logits" else f"its receivers ({top.get('receiver')})"
-    head = f"L{top['sender'][0]}H{top['sender'][1]}"
-    return (f"Path patching ({p.get('direction', 'denoise')}, each head's direct path to {receiver} alone): the "
-            f"largest is {head}, {size}" + (f" ({', '.join(bits)})" if bits else "") + ".")
+
+    def head(r: Mapping[str, Any]) -> str:
+        to = f" -> {r.get('receiver')}" if len(receivers) > 1 and r.get("receiver") != "logits" else ""
+        return f"L{r['sender'][0]}H{r['sender'][1]}{to}"
+
+    one = n == 1 and not any(ci_pair(r.get("ci")) for r in tied)
+    if len(tied) == 1:
+        amount = f"{said[0]:+.2f} of the clean-corrupted gap" if said else f"{top['effect']:+.3g} {metric}"
+        ci = said[1] if said else ci_pair(top.get("ci"))
+        bits = ([f"95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]"] if ci else []) + ([f"n = {_prompts(n)}"] if n else [])
+        bits += ["one prompt gives no interval"] if one else []
+        bits += [f"{top['effect']:+.3g} {metric}"] if said and gap else []
+        which = f"the largest in size is {head(top)}, {amount}" + (f" ({', '.join(bits)})" if bits else "")
+    else:
+        bits = ([f"n = {_prompts(n)} each"] if n else []) + (["one prompt gives no interval"] if one else [])
+        more = "; the summary keeps the top 10 paths, so more may tie" if len(tied) == len(paths) >= 10 else ""
+        each = []
+        for r in tied:
+            mine = share(r, gap, normalized)
+            ci = mine[1] if mine else ci_pair(r.get("ci"))
+            each.append(f"{head(r)} {mine[0]:+.2f}" if mine else f"{head(r)} {r['effect']:+.3g}")
+            each[-1] += f" (95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}])" if ci else ""
+        unit = " of the clean-corrupted gap" if said else f" {metric}"
+        which = (f"{and_join([head(r) for r in tied])} tie for the largest in size, {size} {metric}"
+                 + (f" ({', '.join(bits)})" if bits else "") + f"{more}: {', '.join(each)}{unit}")
+    sign = f" {SIGN[direction]}" if direction in SIGN and said else ""
+    return f"{lead}: {which}.{sign}"
 
 
 def distinct_pair(a: float, b: float) -> tuple[str, str]:

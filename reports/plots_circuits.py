@@ -491,8 +491,11 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                           "wrong answers), with the final norm frozen (on models with a norm after attention, as OLMo 2 "
                           "and Gemma 2/3, each head's write taken through its layer's "
                           "post-attention norm, frozen at its actual scale); red toward the answer, blue away.",
-    "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, MLPs, attention and norm "
-                               "biases; with the heads (the per-head map) they add up to the final logit difference (the "
+    "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, MLPs, each layer's "
+                               "attn_bias (its heads' position-independent write: the attention's output bias and the "
+                               "value terms the head rows leave out, as TransformerLens's fold_value_biases places "
+                               "them) and norm biases; with the heads (the per-head map) they add up to the final "
+                               "logit difference (the "
                                "answer's logit where the task has no wrong answers; before the model's final logit "
                                "soft-cap, where it has one: Gemma 2's). "
                                "Bars: mean over examples; error bars: its 95% t interval over examples (writers whose "
@@ -553,6 +556,22 @@ _ANSWER_ONLY = {
 }
 
 
+_ATTN_BIAS = ("each layer's attn_bias (its heads' position-independent write: the attention's output bias and the "
+              "value terms the head rows leave out, as TransformerLens's fold_value_biases places them)")
+
+
+def _attn_bias_words(parts: Any) -> str:
+    """The DLA components caption's attn_bias as this model has it (summary dla_attn_bias_parts; review 15b B1: on
+    GPT-J, with no attention bias, it is ln1's bias through W_V W_O alone), '' where not recorded."""
+    if not isinstance(parts, Mapping) or not parts.get("value"):
+        return ""
+    what = " and ".join(f"{v} and W_O" for v in parts["value"])
+    if parts.get("b_O"):
+        return f"each layer's attn_bias (the attention's output bias b_O plus {what}, terms the head rows leave out)"
+    return (f"each layer's attn_bias ({what}: a term the head rows leave out; this model's attention has no output "
+            "bias, so attn_bias is not an attention bias)")
+
+
 def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
     """A figure's caption for this run where it depends on it (families.py), else None (CAPTIONS' holds): the metric
     named for what it is (the answer's logit where the task has no wrong answers), and the faithfulness and MIB
@@ -563,6 +582,8 @@ def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
     text = CAPTIONS[stem]
     if summary.get("dla_direction") == "answer" and stem in _ANSWER_ONLY:
         text = text.replace(*_ANSWER_ONLY[stem])
+    if stem == "circuits_dla_components" and (bias := _attn_bias_words(summary.get("dla_attn_bias_parts"))):
+        text = text.replace(_ATTN_BIAS, bias)
     off = unreported(summary) if stem in ("circuits_faithfulness", "circuits_mib") else None
     if off:
         text = f"Not reported in the findings: {off}. {text}"

@@ -284,6 +284,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     rows = getattr(data, "source_rows", None)  # a Task read from the user's data: which of its rows it holds
     if rows is not None and len(rows) == record["n_examples"]:
         record["rows"] = sorted(int(r) for r in rows)
+        if isinstance(layout := getattr(data, "rows_layout", None), str):  # review 15b C2: how a .json was read
+            record["rows_layout"] = layout
     dropped = summary.get("n_dropped_single_examples")
     if isinstance(dropped, int) and dropped > 0:  # probes: examples of a class seen once were not used
         record["dropped"] = {"n": dropped, "why": summary.get("dropped_reason"), "unit": summary.get("example_unit")}
@@ -420,12 +422,17 @@ ROWS_NOTES = {".csv": "0-based, header not counted", ".tsv": "0-based, header no
               ".jsonl": "0-based, blank lines not counted",
               ".json": "0-based, the JSON list's index or, for JSON lines, blank lines not counted",
               ".parquet": "0-based, the table's row index"}
+# a .json file as the loader read it (task.json rows_layout, Task.rows_layout): the one reading that applies
+LAYOUT_NOTES = {"json list": "0-based, the JSON list's index", "json lines": "0-based, blank lines not counted"}
 
 
-def rows_note(source: Any) -> str:
-    """How a section's 'data rows' count for the file named in its source ("your task (boxes.json)"): per file type
-    (ROWS_NOTES), '0-based' where the data is no file of a known type (a DataFrame, in-memory rows)."""
-    named = re.match(r"your task \(([^()]*)\)", str(source or ""))
+def rows_note(source: Any, layout: Any = None) -> str:
+    """How a section's 'data rows' count for the file named in its source ("your task (boxes.json)"): as the loader
+    read it (layout: task.json's rows_layout, "json list" or "json lines"), else per file type (ROWS_NOTES; runs
+    written before rows_layout), '0-based' where the data is no file of a known type (a DataFrame, in-memory rows)."""
+    if layout in LAYOUT_NOTES:
+        return LAYOUT_NOTES[layout]
+    named = re.match(r"your task \((.*?)\)(?::|$)", str(source or ""))  # "my (v2).json" too
     suffix = Path(named.group(1)).suffix.lower() if named else ""
     return ROWS_NOTES.get(suffix, "0-based")
 
@@ -451,7 +458,7 @@ def _rows_text(record: Mapping[str, Any]) -> str:
     rows = record.get("rows")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, int) for r in rows):
         return ""
-    return f" (data rows {int_ranges(rows)}; {rows_note(record.get('source'))})"
+    return f" (data rows {int_ranges(rows)}; {rows_note(record.get('source'), record.get('rows_layout'))})"
 
 
 def _pieces_text(record: Mapping[str, Any]) -> str:

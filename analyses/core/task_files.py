@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -180,6 +181,7 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
         name=name, tokens=tokens, answers=answers, corrupted_tokens=corrupted, wrong_answers=wrong,
         metric="logit_diff" if wrong is not None else "logprob", attention_mask=mask, continuation=continuation,
         paired=paired, source_rows=_row_numbers(places), wrong_continuation=wrong_cont,
+        rows_layout=_json_layout(label, places),
     )
 
 
@@ -199,6 +201,14 @@ def _warn_glued(model, label: str, rows: list[dict[str, str]], places: Sequence[
                   f"one ({_few([places[i] for i in glued], 3)}), so {tail!r} + {answer!r} is scored as one "
                   f"word ({tail + answer!r}); this tokenizer needs the space in the answer: "
                   f"{' ' + answer!r}.", HeadscopeWarning, stacklevel=3)
+
+
+def _json_layout(label: str, places: Sequence[str]) -> str | None:
+    """How a .json task file was read (review 15b C2: the rows note named both): "json list" where its rows' places
+    are the list's index ("row 3"), "json lines" where they are lines ("line 5, row 3"); None for other sources."""
+    if not re.search(r"\.json'$", label, flags=re.IGNORECASE) or not places:
+        return None
+    return "json lines" if all(p.startswith("line ") for p in places) else "json list"
 
 
 def word_tail(text: str, limit: int = 12) -> str:

@@ -48,6 +48,8 @@ class Task:
     source_rows:      [batch] int64 or None: each row's row number in the user's data (0-based, as the
                       task-file messages number them: "line 4, row 3"; a seeded sample keeps the file's
                       numbers); None: the rows are numbered as the Task's own. Summaries name rows by it.
+    rows_layout:      how a .json task file was read: "json list" (rows are the list's index) or
+                      "json lines" (blank lines not counted); None for other sources.
     wrong_continuation: [batch, k_w] int64 or None: with `continuation`, each row's wrong answer as token ids,
                       right-aligned as continuation (-1 before a shorter one). No metric scores it (logit difference
                       compares one next token); the chance guard compares each answer's log-probability with its
@@ -66,6 +68,7 @@ class Task:
     paired: torch.Tensor | None = None
     source_rows: torch.Tensor | None = None
     wrong_continuation: torch.Tensor | None = None
+    rows_layout: str | None = None  # a .json task file read as "json list" or "json lines" (review 15b C2)
 
     def __post_init__(self) -> None:
         if self.tokens.ndim != 2 or self.tokens.shape[0] == 0:

@@ -2106,8 +2106,9 @@ def test_patching_finding_names_the_top_path_with_its_interval_and_n():
     s = _colour_binding(path_patching={"direction": "denoise", "receivers": "logits", "n_examples": 8, "top_paths": [
         {"sender": [0, 3], "receiver": "logits", "effect": 0.5, "ci": [0.1, 0.9], "n": 8},
         {"sender": [2, 1], "receiver": "logits", "effect": 3.964, "ci": [1.982, 5.946], "n": 8}]})
-    assert ("Path patching (denoise, each head's direct path to the logits alone): the largest is L2H1, 0.20 of the "
-            "clean-corrupted gap (95% CI [0.10, 0.30], n = 8 prompts, +3.96 logit difference).") in finding("patching", s)
+    assert ("Path patching (denoise, each head's direct path to the logits alone): the largest in size is L2H1, +0.20 "
+            "of the clean-corrupted gap (95% CI [+0.10, +0.30], n = 8 prompts, +3.96 logit difference). In denoising, a "
+            "share of 1 is the whole gap restored") in finding("patching", s)
 
 
 def _at_chance_gap_zero(n: int = 8) -> dict:
@@ -2156,12 +2157,56 @@ def test_path_patching_result_names_its_top_path_or_why_none_is_ranked():
          "clean_metric": 2.0, "corrupted_metric": 0.5, "receivers": [[1, 0]], "component": "q", "top_paths": paths}
     assert finding("patching", s) == (
         "Clean prompts give a logit difference of 2, corrupted ones 0.5, over 4 prompts. Path patching (denoise, each "
-        "head's direct path to its receivers (L1H0) alone): the largest is L0H3, 0.40 of the clean-corrupted gap "
-        "(95% CI [0.20, 0.60], n = 4 prompts, +0.6 logit difference).")
+        "head's direct path to its receivers (L1H0) alone): the largest in size is L0H3, +0.40 of the clean-corrupted "
+        "gap (95% CI [+0.20, +0.60], n = 4 prompts, +0.6 logit difference). In denoising, a share of 1 is the whole "
+        "gap restored (the metric moved to the clean one) and a negative share moves the metric further from the "
+        "clean one.")
     s["gap_within_noise"] = {"gap": 1.5, "ci": [-0.5, 3.5], "n_examples": 4, "floor": 0.1, "reason": "its CI has 0"}
     assert finding("patching", s).endswith(
         "The clean-corrupted gap is within noise (its CI has 0): shares of it are not meaningful, so no path is ranked; "
         "the largest effect in size is +0.6 logit difference (L0H3).")
+    paths[0]["effect"] = -0.6  # review 15b verify B2: a tie in size names both, each with its sign
+    assert finding("patching", s).endswith(
+        "so no path is ranked; the largest effects in size tie, in logit difference: -0.6 (L0H1) and +0.6 (L0H3).")
+
+
+def _gptj_paths(effects: list[float], receiver: str = "logits") -> dict:
+    """Review 15b verify's pp3.py on GPT-J in bfloat16: one prompt, clean -0.1875, corrupted -1.8125 (gap 1.625),
+    noising each head's direct path; effects as given (sender L0H0, L0H1, ...), no interval from one prompt."""
+    paths = [{"sender": [i // 4, i % 4], "receiver": receiver, "effect": e, "n": 1, "ci": None}
+             for i, e in enumerate(effects)]
+    return {"metric": "logit_diff", "normalized": False, "direction": "noise", "n_examples": 1, "metric_n": 1,
+            "clean_metric": -0.1875, "corrupted_metric": -1.8125, "receivers": "logits", "component": "resid",
+            "top_paths": sorted(paths, key=lambda r: -abs(r["effect"]))[:10]}
+
+
+def test_path_patching_names_no_path_when_every_effect_is_0():
+    """Review 15b verify B1: with a gap of 1.625 and all 4 paths into L1H0's q exactly 0 (bf16 rounds their fp32
+    -0.002..+0.00003 away), the finding named "the largest is L0H0, 0.00 of the clean-corrupted gap"."""
+    text = finding("patching", _gptj_paths([0.0, 0.0, 0.0, 0.0], receiver="L1H0"))
+    assert text == (
+        "Clean prompts give a logit difference of -0.188, corrupted ones -1.81, over 1 prompt. Path patching (noise, "
+        "each head's direct path to its receivers (L1H0) alone): every path's effect is exactly 0 (n = 1 prompt): "
+        "patching any one head's direct path leaves the logit difference unchanged at the precision the model ran in, "
+        "so no path is named.")
+
+
+def test_path_patching_names_every_path_tied_for_the_largest_size_with_its_sign():
+    """Review 15b verify B2: pp3.py's 12 paths to the logits: L2H2 -0.375 and L1H1 +0.375 tie in size; the finding
+    named L2H2 alone ("the largest is L2H2, -0.23"). Both are named, each share by hand: -0.375 / 1.625 = -0.2308,
+    +0.375 / 1.625 = +0.2308; and what a share's sign means when noising. Then L1H1 at +0.5: it alone, +0.5 / 1.625
+    = +0.3077, largest in size though L2H2 is further from 0 below."""
+    effects = [-0.1875, 0, 0.125, 0, 0, 0.375, 0, 0, -0.0625, -0.125, -0.375, 0]
+    text = finding("patching", _gptj_paths(effects))
+    assert ("Path patching (noise, each head's direct path to the logits alone): L1H1 and L2H2 tie for the largest in "
+            "size, 0.375 logit difference (n = 1 prompt each, one prompt gives no interval): L1H1 +0.23, L2H2 -0.23 of "
+            "the clean-corrupted gap. In noising, a share of -1 is the whole gap lost (the metric moved to the "
+            "corrupted one) and a positive share moves the metric away from the corrupted one.") in text
+    effects[5] = 0.5
+    assert ("alone): the largest in size is L1H1, +0.31 of the clean-corrupted gap (n = 1 prompt, one prompt gives no "
+            "interval, +0.5 logit difference). In noising") in finding("patching", _gptj_paths(effects))
+    effects[5] = -0.5  # its sign kept: -0.5 / 1.625 = -0.3077
+    assert "the largest in size is L1H1, -0.31 of the clean-corrupted gap" in finding("patching", _gptj_paths(effects))
 
 
 def test_patching_says_where_attribution_patching_would_rank_wrong():
@@ -3201,6 +3246,18 @@ def test_circuits_without_wrong_answers_name_the_answer_logit():
     near = finding("circuits", {**s, "dla_final_logit": 0.01})
     assert "ranks no writer" not in near and "of a final answer logit 0.01." in near, near
     assert "of a final logit difference 7.05." in finding("circuits", {**s, "dla_direction": "answer - wrong_answer"})
+
+
+def test_dla_components_caption_says_what_attn_bias_holds_on_this_model():
+    """Review 15b B1 leftover: the DLA components caption called attn_bias an attention bias; on GPT-J (no attention
+    bias, dla_attn_bias_parts as tests/analyses/test_gptj.py records it) it is ln1's bias through W_V W_O alone."""
+    gptj = {"dla_attn_bias_parts": {"value": ["ln1's bias through W_V"], "b_O": False}}
+    text = caption("circuits_dla_components", gptj)
+    assert ("embeddings, MLPs, each layer's attn_bias (ln1's bias through W_V and W_O: a term the head rows leave out; "
+            "this model's attention has no output bias, so attn_bias is not an attention bias) and norm biases") in text
+    both = caption("circuits_dla_components", {"dla_attn_bias_parts": {"value": ["b_V"], "b_O": True}})
+    assert "attn_bias (the attention's output bias b_O plus b_V and W_O, terms the head rows leave out)" in both
+    assert "attention and norm biases" not in caption("circuits_dla_components", {}) + text + both
 
 
 def test_circuits_captions_name_the_answer_logit_and_why_faithfulness_is_withheld():

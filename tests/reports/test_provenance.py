@@ -128,6 +128,26 @@ def test_section_rows_say_how_each_file_type_counts_them(tiny_models, tmp_path):
         assert line.startswith(f"examples: 1 (data rows 2; {note}); "), line
 
 
+def test_a_json_files_rows_note_says_the_layout_it_was_read_as(tiny_models, tmp_path):
+    """Review 15b C2 leftover: a .json's note gave both readings ("the JSON list's index or, for JSON lines, blank lines
+    not counted"), by suffix alone. The loader records which it read (Task.rows_layout, task.json rows_layout) and the
+    note says that one, for a file name with parentheses too ("my (v2).json" fell back to a bare "0-based")."""
+    from headscope.reports.provenance import provenance_lines, task_record
+
+    rows = [{"prompt": "w1 w2", "answer": " w3"}, {"prompt": "w2 w3", "answer": " w4"}]
+    files = {"my (v2).json": (json.dumps(rows), "json list", "0-based, the JSON list's index"),
+             "t.json": ("\n".join([json.dumps(rows[0]), "", json.dumps(rows[1])]), "json lines",
+                        "0-based, blank lines not counted")}
+    for name, (text, layout, note) in files.items():
+        (tmp_path / name).write_text(text)
+        task = hs.load_task(tiny_models["llama"], str(tmp_path / name))
+        assert task.rows_layout == layout and task.source_rows.tolist() == [0, 1]
+        record = task_record(tiny_models["llama"], "heads", task, {"n_examples": 2}, f"your task ({name})")
+        assert record["rows_layout"] == layout and record["rows"] == [0, 1]
+        assert provenance_lines(record)[1].startswith(f"examples: 2 (data rows 0-1; {note}); ")
+    assert hs.load_task(tiny_models["llama"], rows).rows_layout is None  # in-memory rows: no file layout
+
+
 def test_each_family_shows_the_parts_of_the_task_it_reads(tiny_models):
     """A decoder task with corrupted prompts: patching and circuits (edges on) read them and their sample shows
     one; attribution, heads, kv and probes do not, and their line says so instead of showing it (#34 item 1;
