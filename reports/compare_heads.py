@@ -39,6 +39,7 @@ from headscope.reports.compare_run import (
 from headscope.reports.compare_top import refuses_to_rank, top_heads_notes
 from headscope.reports.findings import and_join, ci_pair
 from headscope.reports.plots import color_scale, fit_title, symmetric_bound
+from headscope.reports.plots_heads import pale_line
 from headscope.reports.pruning_words import line_name
 from headscope.reports.render import escape
 
@@ -401,7 +402,9 @@ def _pale_rounding(ax: Any, a: Run, b: Run) -> None:
             line.set_color((r * (1 - MUTE) + MUTE, g * (1 - MUTE) + MUTE, b_ * (1 - MUTE) + MUTE, alpha))
             line.set_markerfacecolor(line.get_color())
             line.set_markeredgecolor(line.get_color())
-            line.set_label(f"{label}: rounding, not\na measurement (pale)")
+            words = pale_line(label.split(": ", 1)[1])  # the same words as the report's pruning curve, two lines
+            line.set_label(f"{label}: " + words.replace(" (pale)", "").replace(" ", "\n", 1 + words.count(" ") // 2)
+                           .replace("\n", " ", words.count(" ") // 2) + " (pale)")
             changed = True
     if changed:
         ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))

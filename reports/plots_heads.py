@@ -138,7 +138,7 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
     paired over examples, drawn around the point), the fixed orderings get that band in their
     colour, so a point whose band crosses the floor reads as uncertain. `rounding`: the orderings whose importance is
     rounding (the summary's degenerate_<ordering>; review 15c C2): drawn pale (MUTE towards white, as importance.png
-    mutes that panel) and labelled "rounding, not a measurement"."""
+    mutes that panel) and labelled by `pale_line`."""
     ax = axes(ax, (8, 4))
     curve = data.copy()
     basis = basis or {}
@@ -146,7 +146,8 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
                           for o, r in zip(curve["ordering"], curve["recompute"])]
     curve["ordering "] = curve["ordering "].map(_hidden_labels(curve))
     pale = curve["ordering"].isin(list(rounding))
-    curve.loc[pale, "ordering "] = curve.loc[pale, "ordering "] + ":\n" + ROUNDING_LINE
+    curve.loc[pale, "ordering "] = [f"{label}:\n{pale_line(o)}" for label, o in
+                                    zip(curve.loc[pale, "ordering "], curve.loc[pale, "ordering"])]
     levels = list(dict.fromkeys(curve["ordering "]))
     palette = dict(zip(levels, sns.color_palette(n_colors=len(levels))))
     palette.update({lev: tuple(c * (1 - MUTE) + MUTE for c in palette[lev]) for lev in set(curve.loc[pale, "ordering "])})
@@ -164,6 +165,13 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
 
 
 ROUNDING_LINE = "rounding, not a measurement (pale)"  # an ordering by importance under the numerical floor
+FLOOR_LINE = "predicted loss changes under the floor (pale)"  # gradients are measured; what they predict is not
+
+
+def pale_line(ordering: str) -> str:
+    """The legend's words for a pale ordering: a gradient's values are measured, only the loss changes they predict
+    lie under the floor (review 15a B2); an ablation's values under the floor are rounding."""
+    return FLOOR_LINE if ordering.split(" ")[0] == "gradient" else ROUNDING_LINE
 
 
 def _hidden_labels(curve: pd.DataFrame) -> dict[str, str]:

@@ -111,8 +111,8 @@ def test_rounding_gradient_is_drawn_pale_in_compare_and_the_pruning_curve(tmp_pa
     a, b = _heads(tmp_path / "a", False), _heads(tmp_path / "b", True)
     fig = importance_figure(a, b)[0]
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles[:2] == ["A: gradient importance",
-                          "B: gradient importance\n(pale: gradient importance that is\nrounding, not a measurement)"]
+    assert titles[:2] == ["A: gradient importance", "B: gradient importance\n(pale: gradient importance whose\n"
+                          "predicted loss changes are under the\nrounding floor)"]
     plt.close(fig)
     made = []
     real = plt.subplots
@@ -124,12 +124,13 @@ def test_rounding_gradient_is_drawn_pale_in_compare_and_the_pruning_curve(tmp_pa
     lines = {str(line.get_label()): to_rgba(line.get_color())[:3] for line in made[0][1].get_lines()}
     first = sns.color_palette(n_colors=2)[0]  # the overlay's colour of its first key, gradient
     assert lines["A: gradient"] == tuple(first)
-    assert lines["B: gradient: rounding, not\na measurement (pale)"] == pytest.approx(_pale(first))
+    assert lines["B: gradient: predicted loss changes under\nthe floor (pale)"] == pytest.approx(_pale(first))
     plt.close("all")
     curve = pd.read_csv(tmp_path / "b" / "heads" / "curve.csv")
     fig = pruning_figure(curve, metric="cosine", baseline=1.0, rounding={"gradient"})
     legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
-    assert "gradient:\nrounding, not a measurement (pale)" in legend and "ablation" in legend
+    # review 15a B2: the gradients are measured; what lies under the floor is the loss change they predict
+    assert "gradient:\npredicted loss changes under the floor (pale)" in legend and "ablation" in legend
     drawn = {to_rgba(line.get_color())[:3] for line in fig.axes[0].get_lines()}
     assert any(max(abs(x - y) for x, y in zip(d, _pale(first))) < 1e-9 for d in drawn)  # the gradient line, pale
     assert tuple(first) not in drawn  # and nowhere at full colour
