@@ -19,7 +19,7 @@ import torch
 from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError
 from headscope.hooks import memories
 from headscope.hooks.cache import Activations, head_result
-from headscope.hooks.sites import COMPUTED, SITES, available_sites, check_site, hook_point, parse_site, site
+from headscope.hooks.sites import COMPUTED, SITES, available_sites, check_site, hook_point, parse_site, routed_source, site
 from headscope.models.tl_habits import provide
 
 Positions = int | Sequence[int] | slice | torch.Tensor | None
@@ -143,6 +143,8 @@ def _run(model, tokens, names, positions, to_cpu, attention_mask, grad, site_pos
     store = Activations(model=model)
     moe = {name for name in names if not _NORM_SCALE.match(name) and parse_site(name)[0] == "mlp_post"
            and memories.is_moe(model, parse_site(name)[1])}  # coefficients computed from the MLP's input
+    routed = {name: src for name in names if not _NORM_SCALE.match(name) and hook_point(model, name) is None
+              and (src := routed_source(name, ())) is not None}  # router sites computed from the MLP's input
 
     def make_hook(name: str):
         scale = bool(_NORM_SCALE.match(name))
@@ -156,9 +158,11 @@ def _run(model, tokens, names, positions, to_cpu, attention_mask, grad, site_pos
                 act = head_result(model, layer, act)  # [batch, pos, head, d_model]
             elif name in moe:  # per token: the kept positions of the input [batch, pos, d_model] first
                 act = memories.moe_coefficients(model, layer, select_positions(act, where, dim))  # [batch, pos, d_mlp]
+            elif name in routed:  # the router as HF's MoE block runs it, on the MLP's input [batch, pos, d_model]
+                act = memories.moe_routing(model, layer, select_positions(act, where, dim))[kind]
             elif flat:
                 act = act.reshape(*tokens.shape[:2], -1)  # [batch * pos, ...] -> [batch, pos, ...]
-            if name not in moe:
+            if name not in moe and name not in routed:
                 act = select_positions(act, where, dim)
             if not grad:
                 act = act.detach()
@@ -167,7 +171,7 @@ def _run(model, tokens, names, positions, to_cpu, attention_mask, grad, site_pos
         return hook
 
     fwd = [(name if _NORM_SCALE.match(name) else f"blocks.{parse_site(name)[1]}.mlp.hook_in" if name in moe
-             else hook_point_for(name), make_hook(name)) for name in names]
+             else routed[name] if name in routed else hook_point_for(name), make_hook(name)) for name in names]
     with torch.set_grad_enabled(grad):
         store.output = model.run_with_hooks(tokens, fwd=fwd, attention_mask=attention_mask)
     if not grad:

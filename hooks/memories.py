@@ -11,13 +11,15 @@ Mixture-of-experts MLPs (Mixtral, Qwen2-MoE: a router, experts stored as stacked
 shared expert): the memories are every expert's neurons, expert by expert (then the shared
 expert's), indexed by (`expert`, `neuron`); a routed neuron's coefficient is the router's
 weight on its expert times act(x . g_i) (x . k_i) on the tokens routed to that expert and 0 on
-the others, a shared neuron's is sigmoid(shared gate) times its activation, so the sum of the
+the others, a shared neuron's is sigmoid(shared gate) times its activation (DeepSeek-V2/V3's
+`shared_experts`: its activation, ungated), so the sum of the
 sub-updates m_i v_i is the MoE block's output as Hugging Face computes it (`moe_coefficients`;
 `hooks.capture` reads site "mlp_post" this way on such models).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import weakref
 from dataclasses import dataclass
 
@@ -91,7 +93,9 @@ def _moe(mlp: torch.nn.Module):
 
         raise UnsupportedModelError(f"{type(block).__name__}: MLP memories know mixtures of experts with stacked "
                                     f"gate_up_proj [expert, 2 d_expert, d_model] and down_proj weights only.")
-    shared = getattr(block, "shared_expert", None)
+    shared = getattr(block, "shared_expert", None)  # Qwen2-MoE's (gated by sigmoid(shared_expert_gate))
+    if shared is None:  # DeepSeek-V2/V3's n_shared_experts as one MLP, added ungated (HF DeepseekV3MoE.forward)
+        shared = getattr(block, "shared_experts", None)
     shared_gate = getattr(block, "shared_expert_gate", None)
     return (raw_module(block.gate), experts, None if shared is None else raw_module(shared),
             None if shared_gate is None else raw_module(shared_gate))
@@ -130,7 +134,8 @@ def moe_layers(model) -> list[int]:
 def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     """The memory coefficients [..., d_mlp] of a mixture-of-experts MLP from its input x
     [..., d_model] (see the module doc): per expert, only on the tokens routed to it, weighted by
-    the router as Hugging Face's MoE block; the shared expert's scaled by its sigmoid gate."""
+    the router as Hugging Face's MoE block; the shared expert's scaled by its sigmoid gate (Qwen2-MoE) or as they
+    are (DeepSeek's shared_experts, added ungated)."""
     router, experts, shared, shared_gate = _moe(model.bridge.blocks[layer].mlp)
     flat = x.reshape(-1, x.shape[-1])  # [N, d_model]
     _, weights, chosen = router(flat)  # [N, top_k] each
@@ -144,8 +149,19 @@ def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
         parts.append(experts.act_fn(gate) * lin * mix[:, e:e + 1])
     if shared is not None:
         h = shared.act_fn(shared.gate_proj(flat)) * shared.up_proj(flat)  # [N, d_shared]
-        parts.append(h * torch.sigmoid(shared_gate(flat)))
+        parts.append(h if shared_gate is None else h * torch.sigmoid(shared_gate(flat)))
     return torch.cat(parts, dim=-1).reshape(*x.shape[:-1], -1)
+
+
+def moe_routing(model, layer: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The router's choice on MLP input x [..., d_model] as Hugging Face's MoE block makes it (its own gate module):
+    {"expert_indices": [..., top_k] the chosen experts, "expert_weights": [..., expert] each expert's weight in the
+    mix, 0 where not chosen} (sites of those names where the bridge has no hook point: DeepSeek-V3, review 15d C5)."""
+    router, experts, _, _ = _moe(model.bridge.blocks[layer].mlp)
+    _, weights, chosen = router(x.reshape(-1, x.shape[-1]))  # [N, top_k] each
+    mix = torch.zeros(chosen.shape[0], experts.gate_up_proj.shape[0], dtype=weights.dtype, device=weights.device)
+    mix.scatter_(1, chosen, weights)  # [N, expert]
+    return {"expert_indices": chosen.reshape(*x.shape[:-1], -1), "expert_weights": mix.reshape(*x.shape[:-1], -1)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,8 +177,21 @@ class ExpertLayout:
     top_k: int | None
     shared_width: int = 0
     renormalised: bool | None = None
+    shared_gated: bool = False  # Qwen2-MoE's sigmoid(shared_expert_gate); DeepSeek's shared_experts are ungated
+    scoring: str | None = None  # "sigmoid" for DeepSeek-V3's router (else the softmax, not recorded)
+    routed_scaling_factor: float | None = None  # DeepSeek: the top-k weights are multiplied by it
+    n_group: int | None = None  # DeepSeek's group-limited choice: top-k among the best topk_group of n_group groups
+    topk_group: int | None = None
+    choice_bias: bool = False  # DeepSeek's e_score_correction_bias: added to the scores for the choice only
+
+    def as_dict(self) -> dict:
+        """The layout for a summary or manifest: shared_gated only with a shared expert, the sigmoid router's fields
+        only on one (a softmax router's record stays as before review 15d)."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k in _ALWAYS or (k == "shared_gated" and self.shared_width) or self.scoring is not None}
 
 
+_ALWAYS = ("n_experts", "expert_width", "top_k", "shared_width", "renormalised")
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # router module -> its measured renormalisation
 
 
@@ -201,13 +230,19 @@ def expert_layout(model, layer: int) -> ExpertLayout | None:
     moe = _moe(model.bridge.blocks[layer].mlp)
     if moe is None:
         return None
-    router, experts, shared, _ = moe
+    router, experts, shared, shared_gate = moe
     top_k = getattr(router, "top_k", None)
     n_experts = experts.gate_up_proj.shape[0]
+    sigmoid = isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor)  # HF DeepseekV3TopkRouter
     return ExpertLayout(n_experts=n_experts, expert_width=experts.down_proj.shape[2],
                         top_k=None if top_k is None else int(top_k),
                         shared_width=0 if shared is None else raw_module(shared.up_proj).weight.shape[0],
-                        renormalised=_renormalised(router, None if top_k is None else int(top_k), n_experts))
+                        renormalised=_renormalised(router, None if top_k is None else int(top_k), n_experts),
+                        shared_gated=shared is not None and shared_gate is not None,
+                        **(dict(scoring="sigmoid", choice_bias=True,
+                                routed_scaling_factor=float(getattr(router, "routed_scaling_factor", 1.0)),
+                                n_group=int(getattr(router, "num_group", 1)),
+                                topk_group=int(getattr(router, "topk_group", 1))) if sigmoid else {}))
 
 
 def n_memories(model, layer: int) -> int:

@@ -73,6 +73,14 @@ SITES: dict[str, SiteKind] = {
 }
 
 COMPUTED = {"result"}  # sites headscope computes rather than reads from a hook point
+ROUTER_SITES = ("expert_weights", "expert_indices")  # where the bridge has no such hook point (DeepSeek-V3's router):
+# computed by headscope from the MLP's input with Hugging Face's router (hooks.memories.moe_routing, review 15d C5)
+
+
+def routed_source(name: str, hook_names) -> str | None:
+    """The MLP input hook point a router site is computed from where the bridge lacks it; None otherwise."""
+    kind, layer = parse_site(name)
+    return f"blocks.{layer}.mlp.hook_in" if kind in ROUTER_SITES and name not in hook_names else None
 _NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
@@ -188,8 +196,10 @@ def available_sites(model) -> list[str]:
     candidates = [site(k) for k in kinds_global] + [  # router sites on MoE layers only (a gated MLP's gate is no router)
         site(k, layer) for layer in range(model.facts.n_layers) for k in kinds_layer if moe[layer] or not SITES[k].flat
     ]
-    fired = _fired_hook_points(model, [n for n in candidates if n in hook_names or parse_site(n)[0] in COMPUTED])
-    found = [n for n in candidates if (site("z", parse_site(n)[1]) if parse_site(n)[0] in COMPUTED else n) in fired]
+    point = {n: (site("z", parse_site(n)[1]) if parse_site(n)[0] in COMPUTED else
+                 n if n in hook_names else routed_source(n, hook_names)) for n in candidates}
+    fired = _fired_hook_points(model, [n for n in candidates if point[n] in hook_names])
+    found = [n for n in candidates if point[n] in fired]
     model._headscope_available_sites = tuple(found)
     return found
 
@@ -219,7 +229,9 @@ def _fired_hook_points(model, names: list[str]) -> set[str]:
     import torch
 
     fired: set[str] = set()
-    points = {site("z", parse_site(n)[1]) if parse_site(n)[0] in COMPUTED else n for n in names}
+    hook_names = set(_hook_table(model))
+    points = {site("z", parse_site(n)[1]) if parse_site(n)[0] in COMPUTED else routed_source(n, hook_names) or n
+              for n in names}
 
     def recorder(name: str):
         return lambda act, hook: fired.add(name)

@@ -439,6 +439,25 @@ FIT_CSS = (".side{table-layout:fixed;width:100%}.side th:first-child{width:9em}.
            "td,th,li,p{overflow-wrap:anywhere}table{max-width:100%}img{max-width:100%;height:auto}")
 
 
+def failed_notes(a: Run, b: Run, names: list[str]) -> list[str]:
+    """Review 15d C2: an analysis with a result in neither run (failed in both, or failed in one and not run in the
+    other) was named only in the findings table; the page's summary lists it under Not compared, with each run's
+    reason ("heads: failed in both: RuntimeError: ..."; one reason said once where both runs give it)."""
+    notes = []
+    for name in names:
+        if a.summary(name) is not None or b.summary(name) is not None:
+            continue
+        why = [run.why_blank(name).rstrip(".") for run in (a, b)]
+        if all(w.startswith("failed") for w in why):
+            reasons = [w.removeprefix("failed").lstrip(":").strip() or "no reason recorded" for w in why]
+            text = (f"{name}: failed in both: {reasons[0]}" if reasons[0] == reasons[1] else
+                    f"{name}: failed in both: A: {reasons[0]}; B: {reasons[1]}")
+        else:
+            text = f"{name}: no result in either run: A: {why[0]}; B: {why[1]}"
+        notes.append(NOT_COMPARED + text + ".")
+    return notes
+
+
 def _plain(note: str) -> str:
     return note.removeprefix(SAME).removeprefix(NOT_COMPARED)
 
@@ -479,6 +498,7 @@ def compare_html(a: Run, b: Run, page: Path | None = None) -> str:
             blocks.append(f"<h2 id='{anchor}'>{escape(title)}</h2>" + body
                           + "".join(f"<p class='finding'>{escape(_plain(n))}</p>" for n in found))
     notes += headline_notes(a, b)
+    notes += failed_notes(a, b, names)
     figures, figure_notes = figures_section(a, b, names)
     notes += figure_notes
     differ = [n for n in notes if not n.startswith((SAME, NOT_COMPARED))]

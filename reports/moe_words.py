@@ -15,9 +15,34 @@ def _names(layers: Sequence[Any]) -> str:
     return and_join([str(l) for l in layers])
 
 
+def sigmoid_routing_words(e: Mapping[str, Any]) -> str:
+    """DeepSeek-V3's router as Hugging Face's DeepseekV3TopkRouter computes it (review 15d A4): sigmoid scores; the
+    choice on the scores plus e_score_correction_bias, among the experts of the best topk_group of n_group groups;
+    the weights the unbiased scores, renormalised over the top k (norm_topk_prob) or not, times routed_scaling_factor.
+    '' for a softmax router."""
+    if e.get("scoring") != "sigmoid":
+        return ""
+    k, scale = e.get("top_k"), e.get("routed_scaling_factor")
+    n_group, topk_group = e.get("n_group"), e.get("topk_group")
+    groups = (f", within the best {topk_group} of {n_group} expert groups" if isinstance(n_group, int)
+              and isinstance(topk_group, int) and topk_group < n_group else "")
+    bias = " plus e_score_correction_bias (for the choice only)" if e.get("choice_bias") else ""
+    renorm = {True: " renormalised to sum to 1", False: " not renormalised"}.get(e.get("renormalised"), "")
+    scaled = ""
+    if isinstance(scale, (int, float)) and scale != 1:
+        scaled = f", times routed_scaling_factor {scale:g}" + (f" (so they sum to {scale:g})" if e.get("renormalised")
+                                                                else "")
+    return (f"by sigmoid score{bias}{groups}; weights: the chosen experts' sigmoid scores{renorm}{scaled}"
+            if k else "")
+
+
 def renormalised_words(e: Mapping[str, Any]) -> str:
     """" whose weights are renormalised to sum to 1" / " whose weights are not renormalised (each expert's softmax
-    over all experts)" from the layout's `renormalised` (hooks.ExpertLayout), '' where unknown (review 12a)."""
+    over all experts)" from the layout's `renormalised` (hooks.ExpertLayout), '' where unknown (review 12a);
+    DeepSeek's sigmoid router: " by sigmoid score ..." (sigmoid_routing_words)."""
+    sigmoid = sigmoid_routing_words(e)
+    if sigmoid:
+        return f" {sigmoid}"
     said = e.get("renormalised")
     if said is True:
         return " whose weights are renormalised to sum to 1"
@@ -30,7 +55,8 @@ def _expert_words(e: Mapping[str, Any]) -> str:
     """"mixture of experts (4 experts x 64, top-2 whose weights are renormalised to sum to 1, + a shared expert of
     96)"."""
     top = f", top-{e['top_k']}{renormalised_words(e)}" if e.get("top_k") else ""
-    shared = f", + a shared expert of {e['shared_width']}" if e.get("shared_width") else ""
+    shared = (f", + a shared expert of {e['shared_width']}" + ("" if e.get("shared_gated", True) else " (ungated)")
+              if e.get("shared_width") else "")
     return f"mixture of experts ({e['n_experts']} experts x {e['expert_width']}{top}{shared})"
 
 

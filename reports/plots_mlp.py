@@ -18,6 +18,7 @@ import seaborn as sns
 
 from headscope.analyses.core import chance
 from headscope.reports.findings import _chance, _num, _pct, and_join, wilson
+from headscope.reports.moe_words import sigmoid_routing_words
 from headscope.reports.plots import axes, fit_title, label, laid_out, mute_drawn, quiet_reason
 from headscope.reports.render import escape
 
@@ -266,13 +267,27 @@ def experts_sentence(s: Mapping[str, Any]) -> str:
             f"{owner} {text}, a neuron's coefficient "
             "being its expert's router weight times its activation, 0 on tokens not routed to that expert"
             + _weights(experts)
-            + (" (the shared expert's: its sigmoid gate times its activation, on every token)." if shared else ".")
+            + (_shared_words(experts) if shared else ".")
             + _dense(sizes, experts))
+
+
+def _shared_words(experts: Mapping[str, Any]) -> str:
+    """How a shared expert's neurons count: Qwen2-MoE's gated by sigmoid(shared_expert_gate), DeepSeek's ungated
+    (HF DeepseekV3MoE adds shared_experts(x) as it is); older manifests without shared_gated: the gated words."""
+    gated = {bool(e.get("shared_gated", True)) for e in experts.values() if e.get("shared_width")}
+    if gated == {False}:
+        return " (the shared expert's: its activation, ungated, on every token)."
+    if gated == {True}:
+        return " (the shared expert's: its sigmoid gate times its activation, on every token)."
+    return " (a shared expert's: its activation, times its sigmoid gate where it has one, on every token)."
 
 
 def _weights(experts: Mapping[str, Any]) -> str:
     """' (the router's top-k weights renormalised to sum to 1)' or ' (... not renormalised: ...)' where every layer's
     layout says the same; '' where none says (review 12a: Qwen3-MoE renormalises, Qwen2-MoE's default does not)."""
+    sigmoid = {sigmoid_routing_words(e) for e in experts.values()}
+    if sigmoid != {""}:  # DeepSeek's sigmoid router (review 15d A4: its weights sum to routed_scaling_factor, not 1)
+        return f" (the router picks its top-k experts {sigmoid.pop()})" if len(sigmoid) == 1 else ""
     said = {e.get("renormalised") for e in experts.values()} - {None}
     if len(said) != 1:
         return ""

@@ -195,7 +195,7 @@ def _experts_per_layer(model: Any) -> dict[str, dict[str, Any]]:
     """{layer: its ExpertLayout as a dict} for the mixture-of-experts blocks ({} for a dense model)."""
     from headscope import hooks
 
-    return {str(layer): dataclasses.asdict(layout) for layer in range(model.facts.n_layers)
+    return {str(layer): layout.as_dict() for layer in range(model.facts.n_layers)
             if (layout := hooks.expert_layout(model, layer)) is not None}
 
 

@@ -439,7 +439,7 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     # each layer's own memories: a dense MLP among mixtures of experts has fewer (Qwen2-MoE's mlp_only_layers),
     # so every per-layer tensor below is one per layer, never stacked
     sizes = {layer: hooks.n_memories(model, layer) for layer in layers}
-    experts = {str(layer): asdict(layout) for layer in layers if (layout := hooks.expert_layout(model, layer)) is not None}
+    experts = {str(layer): layout.as_dict() for layer in layers if (layout := hooks.expert_layout(model, layer)) is not None}
     at = {layer: i for i, layer in enumerate(layers)}  # layer -> its index in the per-layer tensors
     trig = trigger_examples(model, corpus, k=config.top_k_triggers, layers=layers, chunk_size=config.chunk_size,
                             min_position=config.min_position, progress=config.progress)

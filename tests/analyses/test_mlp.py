@@ -261,7 +261,8 @@ def test_dense_and_expert_layers_are_analysed_together(mixed_moe):
     df, s = result.df, result.summary
     assert s["n_memories_per_layer"] == {"0": 128, "1": 4 * 32 + 64} and s["n_neurons_per_layer"] is None
     assert s["experts_per_layer"] == {"1": {"n_experts": 4, "expert_width": 32, "top_k": 2, "shared_width": 64,
-                                            "renormalised": hf.config.norm_topk_prob}}
+                                            "renormalised": hf.config.norm_topk_prob,
+                                            "shared_gated": True}}  # Qwen2-MoE's shared_expert_gate
     for layer in (0, 1):
         rows = df[df.layer == layer].sort_values("neuron")
         values = _hf_values(hf, layer).detach()  # [memories, d_model]

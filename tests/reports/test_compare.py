@@ -2197,3 +2197,31 @@ def test_compare_kv_closest_policy_says_what_its_change_is_a_share_of_and_the_an
         "8/16 answers correct (full cache 5/16); it loses 2 of the 5 answer(s) the full cache gets), B window at budget "
         "16: -12.6% of the span from chance to the full cache (95% CI of the change [-34.8%, +9.6%], n = 16; 8/16 answers "
         "correct (full cache 5/16); it loses 2 of the 5 answer(s) the full cache gets) (n 16 each).")
+
+
+def test_analyses_that_failed_in_both_runs_are_listed_under_not_compared(tmp_path):
+    """Review 15d C2: heads, attribution and circuits failed in both runs (no summary, the manifest's status
+    "failed: ..."); compare.html named them only in the findings table, so its summary read as if the runs agreed.
+    Each is now under "Not compared, and why" with its reason: once where both runs give the same one, A's and B's
+    where they differ, and an analysis that failed in one run and was not part of the other says both."""
+    from headscope.reports.compare import compare_html
+
+    boom = "RuntimeError: The size of tensor a (8) must match the size of tensor b (4) at non-singleton dimension 2"
+    status = {"a": {"heads": f"failed: {boom}", "attribution": "failed: NotImplementedError: b_V <MLA>",
+                    "circuits": "failed: ValueError: x"},
+              "b": {"heads": f"failed: {boom}", "attribution": "failed: NotImplementedError: b_V <MLA>",
+                    "circuits": "failed: ValueError: y"}}
+    for side in ("a", "b"):
+        root = tmp_path / side
+        _folder(root, "m", 1.0, 0, 0.5)
+        (root / "heads" / "summary.json").unlink()
+        analyses = ["heads", "position", "patching", "attribution"] + (["circuits"] if side == "a" else [])
+        io.write_json(root / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": analyses, "task": "t"},
+                                               "status": {k: v for k, v in status[side].items() if k in analyses}})
+    page = compare_html(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    refused = page[page.index("id='not-compared'"):page.index("id='findings'")]
+    assert f"<li>heads: failed in both: {html.escape(boom)}.</li>" in refused
+    assert "<li>attribution: failed in both: NotImplementedError: b_V &lt;MLA&gt;.</li>" in refused
+    assert ("<li>circuits: no result in either run: A: failed: ValueError: x; B: not part of this run (not among its "
+            "analyses).</li>") in refused
+    assert "position:" not in refused and "patching:" not in refused  # both ran them
