@@ -78,7 +78,7 @@ METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=True, what="attributes the answer's score to the input tokens",
-              mla="attribution runs on multi-head and grouped-query attention (review 15d C1)")
+              mla="attribution runs on multi-head and grouped-query attention")
 ENCODER_METRIC = ("cosine of each prompt's mean-pooled embedding with the next sampled prompt's (the last prompt's "
                   "with the first's), which saliency, gradient x input and integrated gradients differentiate with "
                   "respect to the embedding layer's output at each token (word + position + token-type embeddings, "

@@ -111,7 +111,7 @@ def test_mla_refusals_are_one_line(mla):
     _, model, _ = mla
     expected = (f"{model.facts.name} uses multi-head latent attention (MLA: q/k heads 20 wide with a rotary part, K/V "
                 f"expanded from a latent of 32), which this analysis does not support; attribution runs on multi-head "
-                f"and grouped-query attention (review 15d C1)")
+                f"and grouped-query attention")
     assert model_reasons(attribution.FAMILY.needs, model) == [expected]
     for family in (patching, circuits):
         assert len(model_reasons(family.FAMILY.needs, model)) == 1
@@ -119,6 +119,9 @@ def test_mla_refusals_are_one_line(mla):
         hs.attribution(model, "w1 w2 w3")
     with pytest.raises(UnsupportedModelError, match="^direct_logit_attribution: .*multi-head latent attention"):
         hs.direct_logit_attribution(model)
+    tokens = random_tokens(1, 6)
+    lens = hs.logit_lens(model, tokens)  # the lens reads only the residual stream: it runs on MLA
+    assert len(lens.df)
 
 
 def test_mla_head_importance_zero_matches_hf(mla):
