@@ -83,7 +83,8 @@ _CHUNK_BYTES = 256 * 2**20  # a pass's output logits and captured states held at
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=True, decoder=True, what="reads next-token logits (logit lens, direct logit attribution)",
-              mla="its direct logit attribution and edges run on multi-head and grouped-query attention; hs.logit_lens runs on MLA")
+              mla=("its direct logit attribution and edges run on multi-head and grouped-query attention; "
+                   "hs.logit_lens runs on MLA"))
 
 
 def reads(model, config: Any = None, summary: Any = None) -> Reads:
