@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -67,7 +67,7 @@ class ModelFacts:
     # Multi-head latent attention (DeepSeek-V2/V3: the config has kv_lora_rank): q/k heads d_head_qk wide
     # (qk_nope + qk_rope_dim rotary), v heads and z d_head (= v_head_dim) wide, K/V expanded from a kv_lora_rank
     # latent, q from a q_lora_rank one (None: q projected directly). All None on other attention.
-    mla: dict[str, int | None] | None = None
+    mla: dict[str, int | None] | None = field(default=None, hash=False)  # out of the hash: a dict
 
     @property
     def attention_layout(self) -> str:

@@ -43,6 +43,7 @@ def test_mla_facts_and_header(mla):
     # a head's z is v_head_dim wide: n_heads x d_head fills o_proj's input (config.head_dim is the rotary part, 8)
     assert model.facts.d_head == D_V and N_HEADS * model.facts.d_head == hf.model.layers[0].self_attn.o_proj.in_features
     assert model.facts.attention_layout == "multi-head latent attention"
+    hash(model.facts)  # facts stay hashable with the layout dict
     from headscope.models.hooked_model import mla_words
 
     assert mla_words(model.facts.mla) == ("multi-head latent attention (q/k heads 20 wide of which 8 rotary, v heads "
