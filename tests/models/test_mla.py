@@ -152,3 +152,15 @@ def test_mla_head_importance_zero_matches_hf(mla):
     for head in range(N_HEADS):
         expected = base - lm(slice(D_V * head, D_V * head + D_V))
         assert df.loc[(1, head), "importance"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_mla_sites_command_names_the_widths(mla, capsys):
+    """`headscope sites` says which d_head each per-head site has on MLA (HF: q/k 12 + 8, rot_k shared, v 16)."""
+    from headscope.cli import main
+
+    path, _, hf = mla
+    assert main(["-q", "sites", "--model", str(path), "--device", "cpu"]) == 0
+    cfg = hf.config
+    assert (f"multi-head latent attention: d_head is {cfg.qk_nope_head_dim + cfg.qk_rope_head_dim} for q and k "
+            f"({cfg.qk_rope_head_dim} of it rotary; rot_q, rot_k: that rotary part, rot_k one key shared by all heads) "
+            f"and {cfg.v_head_dim} for v and z") in capsys.readouterr().out
