@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -64,6 +64,15 @@ class ModelFacts:
     residual_scale: float = 1.0  # each block's attention and MLP output x this before the residual add
     embed_scale: float = 1.0  # the token embedding x this before the first block
     attention_scale: float | None = None  # the scores' scale where the config sets one (else 1/sqrt(d_head))
+    # Multi-head latent attention (DeepSeek-V2/V3: the config has kv_lora_rank): q/k heads d_head_qk wide
+    # (qk_nope + qk_rope_dim rotary), v heads and z d_head (= v_head_dim) wide, K/V expanded from a kv_lora_rank
+    # latent, q from a q_lora_rank one (None: q projected directly). All None on other attention.
+    mla: dict[str, int | None] | None = field(default=None, hash=False)  # out of the hash: a dict
+
+    @property
+    def attention_layout(self) -> str:
+        """'multi-head latent attention' or 'multi-head attention'."""
+        return "multi-head latent attention" if self.mla else "multi-head attention"
 
     @property
     def n_total_heads(self) -> int:
@@ -92,6 +101,7 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
     arch = str(cfg.architecture)
     is_encoder = getattr(cfg, "attention_dir", "causal") == "bidirectional" or arch.startswith("Bert")
     n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    mla = mla_layout(bridge)
     return ModelFacts(
         name=name,
         family=_FAMILIES.get(arch, arch),
@@ -101,7 +111,7 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         n_heads=int(cfg.n_heads),
         n_kv_heads=int(n_kv),
         d_model=int(cfg.d_model),
-        d_head=int(cfg.d_head),
+        d_head=int(mla["d_head_v"]) if mla else int(cfg.d_head),
         d_mlp=int(cfg.d_mlp),
         d_vocab=int(cfg.d_vocab),
         n_ctx=int(cfg.n_ctx),
@@ -111,7 +121,31 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         residual_scale=_residual_scale(bridge),
         embed_scale=float(getattr(getattr(bridge, "embed", None), "_output_contribution_scale", 1.0)),
         attention_scale=_attention_multiplier(bridge),
+        mla=mla,
     )
+
+
+def mla_layout(bridge: Any) -> dict[str, int | None] | None:
+    """The multi-head latent attention widths from the HF config (kv_lora_rank set), else None. HF's
+    config.head_dim is the rotary part only there (DeepseekV3Config), not a head's width (review 15d A1)."""
+    config = getattr(getattr(bridge, "original_model", None), "config", None)
+    if getattr(config, "kv_lora_rank", None) is None:
+        return None
+    nope, rope = int(config.qk_nope_head_dim), int(config.qk_rope_head_dim)
+    q_lora = getattr(config, "q_lora_rank", None)
+    return {"d_head_qk": nope + rope, "d_head_rope": rope, "d_head_v": int(config.v_head_dim),
+            "kv_lora_rank": int(config.kv_lora_rank), "q_lora_rank": int(q_lora) if q_lora else None}
+
+
+def mla_words(mla: dict[str, Any] | None) -> str:
+    """One phrase for headers from ModelFacts.mla: 'multi-head latent attention (q/k heads 20 wide of which 8 rotary, v heads 16,
+    K/V from a latent of 32, q from one of 48)', or '' on other attention."""
+    m = mla
+    if not m:
+        return ""
+    q = f", q from one of {m['q_lora_rank']}" if m.get("q_lora_rank") else ""
+    return (f"multi-head latent attention (q/k heads {m['d_head_qk']} wide of which {m['d_head_rope']} rotary, "
+            f"v heads {m['d_head_v']}, K/V from a latent of {m['kv_lora_rank']}{q})")
 
 
 def _residual_scale(bridge: Any) -> float:

@@ -229,8 +229,33 @@ def load_model(
     if check_tokenizer:
         check_round_trip(tokenizer, name, chosen=chosen)
     facts = facts_from_bridge(bridge, name=name)
+    _mla_z_heads(bridge, facts)
     log.info("loaded %s from %s", name, location)
     return HookedModel(bridge, tokenizer, facts, source=location, prepend_bos=prepend_bos)
+
+
+def _mla_z_heads(bridge: Any, facts: Any) -> None:
+    """On multi-head latent attention, give the per-head sites the layout of the sites table: hook_z (o_proj's
+    input, n_heads * v_head_dim wide) split into [batch, pos, head, v_head_dim] (the bridge splits it by
+    config.head_dim, the rotary width: twice the heads at half the width, review 15d A1), and hook_q/k/v, which
+    the bridge fires as [batch, head, pos, d], shown as [batch, pos, head, d] (15d A5) by the bridge's own
+    transposing conversion of hook_rot_q (a hook's returned tensor is transposed back)."""
+    if not facts.mla:
+        return
+    for block in bridge.blocks:
+        attn = block.attn
+        hook_in = attn.o.hook_in
+        conv = getattr(hook_in, "hook_conversion", None)
+        if conv is not None and hasattr(conv, "n_heads") and hasattr(conv, "d_head"):
+            hook_in.hook_conversion = type(conv)(facts.n_heads, facts.mla["d_head_v"])
+        transpose = getattr(getattr(attn, "hook_rot_q", None), "hook_conversion", None)
+        if transpose is None:
+            continue
+        for name in ("hook_q", "hook_k", "hook_v"):
+            hook = attn.__dict__.get("_modules", {}).get(name)
+            if hook is not None and getattr(hook, "pos_dim", None) == 2:
+                hook.hook_conversion = type(transpose)()
+                hook.pos_dim = None  # [batch, pos, head, d]: the default position axis
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",

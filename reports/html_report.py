@@ -384,6 +384,10 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     title = f"headscope report: {model.get('name', '')}"
     facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads"
              f"{_kv_clause(model)}, d_model {model.get('d_model', '?')}")
+    if isinstance(model.get("mla"), dict):  # review 15d C4: the per-head widths of multi-head latent attention
+        from headscope.models.hooked_model import mla_words
+
+        facts += ", " + mla_words(model["mla"])
     experts = layout_clause(model.get("experts_per_layer"), model.get("n_layers"), model.get("d_mlp"))
     if experts:  # review 11c A3: which blocks are mixtures of experts, and the dense ones among them
         facts += f", {experts}"

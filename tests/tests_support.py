@@ -31,7 +31,8 @@ def word_tokenizer():
 
 def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | None = None, **config) -> Path:
     """Save a random model of the family to `out`: "gpt2", "neox", "gptj", or the Llama-style "llama"
-    (GQA), "qwen2" (biases on q, k and v), "mistral" and "qwen3" (q/k norms); 2 layers unless `config`, which
+    (GQA), "qwen2" (biases on q, k and v), "mistral" and "qwen3" (q/k norms), "deepseek_v3" (multi-head latent
+    attention, dense MLPs unless first_k_dense_replace says otherwise); 2 layers unless `config`, which
     overrides fields of the Hugging Face config, says otherwise; "granite" (Llama-style, embedding x12, residual
     writes x0.22, attention scores x1/128, logits /8).
 
@@ -72,6 +73,13 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
                       num_key_value_heads=2, max_position_embeddings=N_CTX, embedding_multiplier=12.0,
                       residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0)
         make = transformers.GraniteForCausalLM, transformers.GraniteConfig
+    elif family == "deepseek_v3":  # multi-head latent attention (MLA): q/k heads 12 + 8 rotary, v heads 16
+        fields = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32,
+                      qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4,
+                      num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+                      first_k_dense_replace=2, max_position_embeddings=N_CTX, tie_word_embeddings=False)
+        make = transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config
     else:
         raise ValueError(family)
     base = len(SPECIALS) + N_WORDS

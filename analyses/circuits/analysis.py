@@ -61,7 +61,7 @@ from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
 from headscope.analyses.core import chance
 from headscope.analyses.core.config import AnalysisConfig, configure
-from headscope.analyses.core.contract import Needs, Reads, one_token_answers
+from headscope.analyses.core.contract import Needs, Reads, one_token_answers, require
 from headscope.analyses.core.metrics import noise_floor
 from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
@@ -82,7 +82,9 @@ _CHUNK_BYTES = 256 * 2**20  # a pass's output logits and captured states held at
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
-NEEDS = Needs(answers=True, decoder=True, what="reads next-token logits (logit lens, direct logit attribution)")
+NEEDS = Needs(answers=True, decoder=True, what="reads next-token logits (logit lens, direct logit attribution)",
+              mla=("its direct logit attribution and edges run on multi-head and grouped-query attention; "
+                   "hs.logit_lens runs on MLA"))
 
 
 def reads(model, config: Any = None, summary: Any = None) -> Reads:
@@ -441,6 +443,8 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
     """Direct logit attribution on `task` (see the module doc). df = table "dla_mean". config_overrides
     are fields of CircuitsConfig (top_k=5)."""
     config = configure(CircuitsConfig, config, config_overrides, name="direct_logit_attribution")
+    if model.facts.mla:  # TransformerLens has no b_V on MLA (review 15d C1): one line, not its NotImplementedError
+        require(NEEDS, model, "direct_logit_attribution")
     _refuse_encoder(model)
     task = default_task(model, task, config)
     _, dla, logits, _, direction, experts = _collect(model, task, config, lens=False, dla=True)
@@ -469,6 +473,8 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     """`headscope circuits`: the logit lens and DLA on one task from shared passes. df = "dla_mean";
     tables "lens", "dla", "dla_mean"; encoders give summary {"skipped": reason}."""
     config = config or CircuitsConfig.preset()
+    if model.facts.mla:
+        require(NEEDS, model, "circuits")
     if model.facts.is_encoder:
         reason = f"{model.facts.name} is an encoder: the logit lens and DLA read next-token logits."
         return Result(name="circuits", df=pd.DataFrame(), summary={"skipped": reason}, config=asdict(config))

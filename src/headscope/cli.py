@@ -248,6 +248,10 @@ def _cmd_sites(args: argparse.Namespace) -> int:
     _quiet_loading(args)
     model = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)  # (checks --device)
     print(model)
+    if model.facts.mla:  # review 15d A5/C4: d_head differs between q/k and v/z under multi-head latent attention
+        m = model.facts.mla
+        print(f"multi-head latent attention: d_head is {m['d_head_qk']} for q and k ({m['d_head_rope']} of it rotary; "
+              f"rot_q, rot_k: that rotary part, rot_k one key shared by all heads) and {m['d_head_v']} for v and z")
     names = available_sites(model)
     print(f"{len(names)} sites:")
     for name in names:

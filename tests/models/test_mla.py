@@ -1,0 +1,166 @@
+"""Multi-head latent attention (DeepSeek-V3, review 15d A1/A5/C1/C4): facts, per-head sites and head ablation
+checked against plain Hugging Face (hooks on o_proj's input, expand_kv's outputs); one-line refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import headscope as hs
+from headscope.analyses.core.contract import model_reasons
+from headscope.errors import UnsupportedModelError
+from tests_support import build_tiny_model, hf_model, random_tokens
+
+N_HEADS, D_QK, D_V = 4, 20, 16  # tests_support's deepseek_v3: qk_nope 12 + qk_rope 8, v_head_dim 16
+
+
+@pytest.fixture(scope="module")
+def mla(tmp_path_factory):
+    path = build_tiny_model("deepseek_v3", tmp_path_factory.mktemp("mla") / "dsv3")
+    return path, hs.load_model(str(path), dtype="float32"), hf_model(path).float()
+
+
+def _hf_last_logprobs(hf, tokens, zero: slice | None = None, layer: int = 1):
+    """[batch, d_vocab] log-probabilities at the last position, o_proj's input columns `zero` set to 0 by hand."""
+    def pre(module, args):
+        x = args[0].clone()
+        x[..., zero] = 0
+        return (x,)
+
+    handle = hf.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(pre) if zero is not None else None
+    try:
+        with torch.no_grad():
+            return hf(tokens).logits[:, -1].float().log_softmax(-1)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def test_mla_facts_and_header(mla):
+    _, model, hf = mla
+    cfg = hf.config
+    assert model.facts.mla == {"d_head_qk": cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, "d_head_rope": 8,
+                               "d_head_v": cfg.v_head_dim, "kv_lora_rank": 32, "q_lora_rank": 48}
+    # a head's z is v_head_dim wide: n_heads x d_head fills o_proj's input (config.head_dim is the rotary part, 8)
+    assert model.facts.d_head == D_V and N_HEADS * model.facts.d_head == hf.model.layers[0].self_attn.o_proj.in_features
+    assert model.facts.attention_layout == "multi-head latent attention"
+    hash(model.facts)  # facts stay hashable with the layout dict
+    from headscope.models.hooked_model import mla_words
+
+    assert mla_words(model.facts.mla) == ("multi-head latent attention (q/k heads 20 wide of which 8 rotary, v heads "
+                                          "16, K/V from a latent of 32, q from one of 48)")
+
+
+def test_mla_per_head_sites_match_hf(mla):
+    """hook_q/k/v [batch, pos, head, d] (the sites table) and hook_z [batch, pos, head, v_head_dim] equal HF's."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_mod
+
+    _, model, hf = mla
+    tokens = random_tokens(2, 9)
+    rec: dict[str, torch.Tensor] = {}
+    orig = hf_mod.DeepseekV3Attention.expand_kv
+
+    def expand(self, kv_nope, k_rot):
+        k, v = orig(self, kv_nope, k_rot)
+        if self.layer_idx == 1:
+            rec["k"], rec["v"] = k.detach(), v.detach()  # [batch, head, pos, d]
+        return k, v
+
+    handle = hf.model.layers[1].self_attn.o_proj.register_forward_pre_hook(
+        lambda mod, args: rec.__setitem__("z", args[0].detach()))
+    hf_mod.DeepseekV3Attention.expand_kv = expand
+    try:
+        with torch.no_grad():
+            hf(tokens)
+    finally:
+        hf_mod.DeepseekV3Attention.expand_kv = orig
+        handle.remove()
+    got = hs.capture(model, tokens, [hs.site(k, 1) for k in ("q", "k", "v", "z")])
+    assert tuple(got["blocks.1.attn.hook_q"].shape) == (2, 9, N_HEADS, D_QK)
+    torch.testing.assert_close(got["blocks.1.attn.hook_k"], rec["k"].transpose(1, 2), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got["blocks.1.attn.hook_v"], rec["v"].transpose(1, 2), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got["blocks.1.attn.hook_z"], rec["z"].view(2, 9, N_HEADS, D_V), atol=1e-5, rtol=1e-5)
+
+
+def test_mla_ablate_zeroes_the_true_head(mla):
+    """hs.ablate(heads=[(1, h)]) = HF with o_proj's input columns [16h, 16h + 16) zeroed (not [8h, 8h + 8))."""
+    _, model, hf = mla
+    tokens = random_tokens(2, 9)
+    for head in range(N_HEADS):
+        expected = _hf_last_logprobs(hf, tokens, slice(D_V * head, D_V * head + D_V))
+        with torch.no_grad(), hs.ablate(model, heads=[(1, head)]):
+            got = model(tokens)[:, -1].float().log_softmax(-1)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    narrow = _hf_last_logprobs(hf, tokens, slice(16, 24))  # old code's "head 2": half of true head 1
+    assert (narrow - _hf_last_logprobs(hf, tokens, slice(32, 48))).abs().max() > 1e-3
+
+
+def test_mla_head_results_sum_to_o_proj(mla):
+    """hook_result's head h = z_h @ o_proj.weight[:, 16h:16h+16].T, by hand from HF's weights."""
+    _, model, hf = mla
+    tokens = random_tokens(1, 7)
+    got = hs.capture(model, tokens, [hs.site("z", 1), hs.site("result", 1)])
+    z, result = got["blocks.1.attn.hook_z"], got["blocks.1.attn.hook_result"]
+    w = hf.model.layers[1].self_attn.o_proj.weight.detach()  # [d_model, n_heads * v_head_dim]
+    hand = torch.stack([z[..., h, :] @ w[:, D_V * h:D_V * h + D_V].T for h in range(N_HEADS)], dim=-2)
+    torch.testing.assert_close(result, hand, atol=1e-5, rtol=1e-5)
+
+
+def test_mla_refusals_are_one_line(mla):
+    """attribution, patching and DLA refuse MLA in one named line, planned before any pass; heads runs."""
+    from headscope.analyses import attribution, circuits, patching
+
+    _, model, _ = mla
+    expected = (f"{model.facts.name} uses multi-head latent attention (MLA: q/k heads 20 wide with a rotary part, K/V "
+                f"expanded from a latent of 32), which this analysis does not support; attribution runs on multi-head "
+                f"and grouped-query attention")
+    assert model_reasons(attribution.FAMILY.needs, model) == [expected]
+    for family in (patching, circuits):
+        assert len(model_reasons(family.FAMILY.needs, model)) == 1
+    with pytest.raises(UnsupportedModelError, match="^attribution: .*multi-head latent attention"):
+        hs.attribution(model, "w1 w2 w3")
+    with pytest.raises(UnsupportedModelError, match="^direct_logit_attribution: .*multi-head latent attention"):
+        hs.direct_logit_attribution(model)
+    tokens = random_tokens(1, 6)
+    lens = hs.logit_lens(model, tokens)  # the lens reads only the residual stream: it runs on MLA
+    assert len(lens.df)
+
+
+def test_mla_head_importance_zero_matches_hf(mla):
+    """heads runs on MLA (it needs only z and o_proj): layer 1's zero-ablation importance = the drop of the mean
+    next-token log-probability with o_proj's input columns [16h, 16h + 16) zeroed in HF."""
+    _, model, hf = mla
+    tokens = random_tokens(2, 9)
+
+    def lm(zero: slice | None = None) -> float:
+        handle = None
+        if zero is not None:
+            def pre(module, args):
+                x = args[0].clone()
+                x[..., zero] = 0
+                return (x,)
+            handle = hf.model.layers[1].self_attn.o_proj.register_forward_pre_hook(pre)
+        try:
+            with torch.no_grad():
+                logp = hf(tokens).logits[:, :-1].float().log_softmax(-1)
+        finally:
+            if handle is not None:
+                handle.remove()
+        return float(logp.gather(-1, tokens[:, 1:, None]).mean())
+
+    df = hs.head_importance(model, tokens, methods=("zero",)).df.set_index(["layer", "head"])
+    base = lm()
+    for head in range(N_HEADS):
+        expected = base - lm(slice(D_V * head, D_V * head + D_V))
+        assert df.loc[(1, head), "importance"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_mla_sites_command_names_the_widths(mla, capsys):
+    """`headscope sites` says which d_head each per-head site has on MLA (HF: q/k 12 + 8, rot_k shared, v 16)."""
+    from headscope.cli import main
+
+    path, _, hf = mla
+    assert main(["-q", "sites", "--model", str(path), "--device", "cpu"]) == 0
+    cfg = hf.config
+    assert (f"multi-head latent attention: d_head is {cfg.qk_nope_head_dim + cfg.qk_rope_head_dim} for q and k "
+            f"({cfg.qk_rope_head_dim} of it rotary; rot_q, rot_k: that rotary part, rot_k one key shared by all heads) "
+            f"and {cfg.v_head_dim} for v and z") in capsys.readouterr().out
