@@ -2197,3 +2197,24 @@ def test_compare_kv_closest_policy_says_what_its_change_is_a_share_of_and_the_an
         "8/16 answers correct (full cache 5/16); it loses 2 of the 5 answer(s) the full cache gets), B window at budget "
         "16: -12.6% of the span from chance to the full cache (95% CI of the change [-34.8%, +9.6%], n = 16; 8/16 answers "
         "correct (full cache 5/16); it loses 2 of the 5 answer(s) the full cache gets) (n 16 each).")
+
+
+def test_compare_and_finding_state_a_bonferroni_interval_at_its_own_level(tmp_path):
+    """Review 15av C1: a probe at chance over the best of 3 layers carries the exact (Clopper-Pearson) interval at
+    1 - 0.05/3 = 98.3% (scipy: [0.0764, 0.3995] for 8 of 39); compare called it "95% CI" and the finding "98% CI"."""
+    from scipy.stats import beta
+
+    from headscope.reports.compare_headlines import headline_notes
+    from headscope.reports.findings import finding
+
+    alpha = 0.05 / 3
+    lo, hi = beta.ppf(alpha / 2, 8, 32), beta.ppf(1 - alpha / 2, 9, 31)
+    assert (round(lo, 4), round(hi, 4)) == (0.0764, 0.3995)
+    chance = {"at_chance": True, "below_chance": False, "chance_value": 0.128, "mean": 8 / 39, "ci": [lo, hi],
+              "ci_level": 1 - alpha, "correction": "bonferroni", "alpha": 0.05, "n_tests": 3}
+    _probes(tmp_path / "a", best=8 / 39, n=39, chance=chance)
+    _probes(tmp_path / "b", best=8 / 39, n=39, chance=chance)
+    notes = " ".join(headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")))
+    assert "probe accuracy 0.205 against chance 0.128, 98.3% CI [0.0764, 0.4], 39 examples" in notes
+    said = finding("probes", io.read_json(tmp_path / "a" / "probes" / "summary.json"))
+    assert "98.3% CI [0.0764, 0.4]" in said and "98% CI" not in said and "95% CI [0.0764" not in said
