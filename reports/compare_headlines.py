@@ -634,13 +634,14 @@ def withheld(name: str, s: Mapping[str, Any]) -> str:
 
 
 def _chance_numbers(entry: Mapping[str, Any], count: str) -> str:
-    """'<metric> m against chance c, 95% CI [a, b], <count>': the numbers a chance record gives, as a report that
-    withholds its finding at chance states them (count: e.g. '16 examples'; '' for none)."""
+    """'<metric> m against chance c, 95% CI [a, b], <count>' (at the record's ci_level): the numbers a chance
+    record gives, as a report that withholds its finding at chance states them (count: e.g. '16 examples'; '' for none)."""
     numbers = [f"{_words(entry.get('metric', 'score'))} {entry['mean']:.3g}" if _number(entry.get("mean")) else ""]
     if _number(entry.get("chance_value")):
         numbers[0] = f"{numbers[0]} against chance {entry['chance_value']:.3g}".strip()
     if (ci := ci_pair(entry.get("ci"), ordered=True)) is not None:
-        numbers.append(ci_words(ci, ".3g"))
+        level = entry.get("ci_level")  # a Bonferroni-corrected record's own level (review 15av C1)
+        numbers.append(ci_words(ci, ".3g", level if _number(level) else 0.95))
     numbers.append(count)
     return ", ".join(x for x in numbers if x)
 

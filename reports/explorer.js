@@ -158,9 +158,12 @@
     // the figures' convention: a score with a value below 0 is signed, diverging about 0 (blue, white, red,
     // -m..m); an unsigned one is sequential from 0 (white at 0 to red at its max), never stretched min..max
     var signed = lo < 0, m = Math.max(Math.abs(lo), Math.abs(hi)) || 1;
+    var floor = (data.floors || {})[name] || 0;  // the heads figure's rounding floor: cells within it read "≈0"
+    var within = function (v) { return floor > 0 && v !== null && Math.abs(v) < floor; };
     var colour = function (l, h) {
       var v = g[l][h];
       if (v === null) return ["#f0f0f0", "#999"];
+      if (within(v)) return ["#e6e6e6", "#777"];
       var t = Math.abs(v) / m;
       return [toward(v < 0 ? BLUE : RED, t), t > 0.6 ? "#fff" : "#000"];
     };
@@ -174,12 +177,15 @@
     ends.appendChild(ramp);
     ends.appendChild(el("span", "hsx-hi", cellf.text(m)));
     legend.appendChild(ends);
+    if (floor > 0) legend.appendChild(el("span", "hsx-floor", "grey \u22480: within the rounding floor " +
+                                         floor.toPrecision(2)));
     var why = (data.muted || {})[name] || null;  // a score the report says is noise: drawn faint and grey
     if (why) legend.classList.add("hsx-muted");
     // a score from a section whose chance verdict is undetermined: in colour, with the finding's caveat above the grid
     var caveat = why ? null : (data.caveats || {})[name] || null;
     return {colour: why ? function (l, h) { return [faint(colour(l, h)[0]), "#777"]; } : colour,
-            value: function (l, h) { return g[l][h]; }, text: function (l, h) { return cellf.text(g[l][h]); },
+            value: function (l, h) { return g[l][h]; },
+            text: function (l, h) { return within(g[l][h]) ? "\u22480" : cellf.text(g[l][h]); },
             legend: legend, muted: why, caveat: caveat};
   }
 

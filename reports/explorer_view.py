@@ -27,7 +27,9 @@ about 0, red positive, blue negative; an unsigned one (gradient importance, indu
 0 to red at its max, never stretched from its min.
 A score named in data["muted"] ({score: why}, `muted_scores`: importance measured on a task the model
 is at chance on, or under the numerical noise floor) is drawn faint and grey with the reason above the
-grid; the thumbnails keep their colours (patterns are not noise). A score named in data["caveats"] ({score: line},
+grid; the thumbnails keep their colours (patterns are not noise). data["floors"] ({score: floor},
+`rounding_floors`): cells of that score within the floor are grey and read "≈0", as the heads figure's.
+A score named in data["caveats"] ({score: line},
 `caveat_scores`: importance from a heads section whose chance guard cannot tell, "undetermined") keeps its colours
 with that line above the grid, as the section's finding reads it; data["attribution_caveat"] (the attribution section's)
 follows the attribution-shaded tokens' legend line.
@@ -42,6 +44,7 @@ from importlib import resources
 from typing import Any
 
 from headscope.errors import ConfigError
+from headscope.reports.findings import ci_words
 
 # The client: the stylesheet (scoped to .hsx) and the script, kept as their own files beside this module
 # (package data); the script reads its explorer's id from the __ID__ it is given in explorer_html.
@@ -127,6 +130,21 @@ def muted_scores(score_names: Any, heads_summary: Mapping[str, Any] | None) -> d
     return out
 
 
+def rounding_floors(score_names: Any, heads_summary: Mapping[str, Any] | None) -> dict[str, float]:
+    """{score name: rounding floor} for the grid's ablation importances whose heads summary records one
+    (rounding_floor_<method>, > 0): the grid greys a cell with |value| under it and labels it "≈0", the rule the
+    heads importance figure applies (plots_heads.plot_importance; review 15av C2). The gradient's floor bounds its
+    predicted loss change, not the gradient, so the gradient is muted whole (muted_scores), not per cell."""
+    s = heads_summary if isinstance(heads_summary, Mapping) else {}
+    out = {}
+    for name in score_names:
+        m = re.fullmatch(r"importance \((.+)\)", str(name))
+        floor = s.get(f"rounding_floor_{m[1]}") if m and m[1] != "gradient" else None
+        if isinstance(floor, (int, float)) and not isinstance(floor, bool) and floor > 0:
+            out[str(name)] = float(floor)
+    return out
+
+
 def under_floor(name: str, heads_summary: Mapping[str, Any] | None) -> bool:
     """Whether the importance score `name` ("importance (<method>)") is under its numerical floor: the heads summary's
     degenerate_<method> (heads_words.degenerate_words says what that means for a gradient and an ablation)."""
@@ -148,7 +166,7 @@ def undetermined_caveat(summary: Mapping[str, Any] | None, section: str, what: s
         "logprob", "answer log-probability")
     said = [f"{metric} {mean:.3g}"] if mean is not None else []
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(num(c) is not None for c in ci):
-        said.append(f"{100 * (num(entry.get('ci_level')) or 0.95):.0f}% CI [{ci[0]:.3g}, {ci[1]:.3g}]")
+        said.append(ci_words((ci[0], ci[1]), ".3g", num(entry.get("ci_level")) or 0.95))
     task = entry.get("task") or (summary or {}).get("task")
     return (f"Read with a caveat: {f'on its {n:.0f} examples ' if n is not None else ''}the {section} section cannot "
             f"tell the model from chance" + (f" on task {task}" if isinstance(task, str) and task else "")
@@ -188,5 +206,5 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
 
 
 __all__ = ["CSS", "HATCHED", "JS", "MASKED", "SCALE_NOTE", "SEQ_END", "caveat_scores", "explorer_html", "json_for_script",
-           "link_heads", "muted_scores", "section_links", "seq", "undetermined_caveat", "under_floor",
+           "link_heads", "muted_scores", "rounding_floors", "section_links", "seq", "undetermined_caveat", "under_floor",
            "window_words"]

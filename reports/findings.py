@@ -115,9 +115,15 @@ def fisher_interval(r: float, n: int, z: float = 1.959964) -> tuple[float, float
     return math.tanh(centre - half), math.tanh(centre + half)
 
 
+def level_words(level: float | None) -> str:
+    """'95%', '98.3%': an interval's level as computed, to 3 significant figures (a Bonferroni-corrected
+    1 - 0.05/3 is 98.3%, not '98%': review 15av C1); None: 95%."""
+    return f"{100 * (0.95 if level is None else float(level)):.3g}%"
+
+
 def ci_words(interval: tuple[float, float], fmt: str = ".2f", level: float = 0.95) -> str:
-    """'95% CI [a, b]': an interval as every finding states it (the bounds in `fmt`)."""
-    return f"{_pct(level)} CI [{interval[0]:{fmt}}, {interval[1]:{fmt}}]"
+    """'95% CI [a, b]': an interval as every finding states it (the bounds in `fmt`; level as level_words)."""
+    return f"{level_words(level)} CI [{interval[0]:{fmt}}, {interval[1]:{fmt}}]"
 
 
 def _ci(interval: tuple[float, float] | None, fmt: str = ".2f") -> str:

@@ -20,6 +20,7 @@ from headscope.reports.explorer_view import (
     explorer_html,
     link_heads,
     muted_scores,
+    rounding_floors,
     section_links,
     undetermined_caveat,
 )
@@ -264,6 +265,7 @@ def _explorer_section(out: Path) -> tuple[str, str]:
         heads = out / "heads" / "summary.json"  # importance at chance or under the noise floor: a muted grid
         heads_summary = io.read_json(heads) if heads.exists() else None
         data["muted"] = muted_scores(data.get("scores", {}), heads_summary)
+        data["floors"] = rounding_floors(data.get("scores", {}), heads_summary)  # cells within it: grey, "≈0"
         # a section whose chance guard cannot tell (undetermined): its scores carry the finding's caveat
         data["caveats"] = caveat_scores(data.get("scores", {}), heads_summary)
         attribution = out / "attribution" / "summary.json"

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from headscope.reports.findings import _num, and_join, ci_pair
+from headscope.reports.findings import _num, and_join, ci_pair, level_words
 from headscope.reports.plots import axes, label
 
 
@@ -259,7 +259,7 @@ def correction_words(s: Mapping[str, Any]) -> str:
         verdict = "above chance" + (f", marginally (corrected p between {alpha / 5:g} and {alpha:g})"
                                     if p >= alpha / 5 else "")
         ci = entry.get("ci")
-        span = (f"; its {100 * level:.1f}% exact interval [{ci[0]:.3g}, {ci[1]:.3g}] against the majority baseline "
+        span = (f"; its {level_words(level)} exact interval [{ci[0]:.3g}, {ci[1]:.3g}] against the majority baseline "
                 f"{_num(entry.get('chance_value')) or 0:.3g}" if level is not None and ci_pair(ci) else "")
     return (f"The chance test takes the best of {m:.0f} layers, so it is Bonferroni-corrected for that choice "
             f"(alpha {alpha:g}/{m:.0f}{span}): corrected p = {p:.2g} (uncorrected {raw:.2g}), {verdict}.")

@@ -51,6 +51,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -249,7 +250,8 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
                 "contribution": stack.contributions.reshape(-1).numpy(),
             })
             logit = pd.DataFrame({"example": examples.numpy(), "final_logit": stack.logit.numpy(),
-                                  "logit_before_softcap": stack.logit_before_cap.numpy()})
+                                  "logit_before_softcap": stack.logit_before_cap.numpy(),
+                                  "logit_size": stack.logit_size.numpy()})
             dla_frames.append((frame, logit))
             if experts:
                 expert_frames.append(experts_mod.expert_rows(model, acts, pos, slots, directions, examples))
@@ -368,7 +370,20 @@ def within_interval(ranked: pd.DataFrame, intervals: dict, named: list[str]) -> 
             "means": [float(v) for v in rest.contribution]}
 
 
-RECONSTRUCTION_STEPS = 16  # rounding steps (of the largest sum of |rows|, at least 1) a DLA reconstruction may miss by
+RECONSTRUCTION_STEPS = 4  # rounding steps (of reconstruction_size) a DLA reconstruction may miss by
+
+
+def reconstruction_size(dla: pd.DataFrame, logits: pd.DataFrame) -> pd.Series:
+    """[example]: the size rounding of a DLA reconstruction scales with, |logit(answer)| + |logit(wrong)|
+    (logits' logit_size: the model's logits are rounded at their own size, not at their difference's) plus
+    sqrt(rows) x sum |rows| (each row is rounded at its own size; n rows summed add sqrt(n) such errors).
+    Review 15av A1: sized on sum |rows| alone (about 1 logit) it called float32 rounding of logits of 4.8 an
+    error."""
+    rows = dla.contribution.abs().groupby(dla.example)
+    spread = rows.sum() * np.sqrt(rows.count().astype(float))
+    own = logits.set_index("example").get("logit_size")
+    own = (pd.Series(0.0, index=spread.index) if own is None else own.reindex(spread.index)).fillna(0.0)
+    return spread + own
 
 
 def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: int,
@@ -378,8 +393,9 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
 
     The rows' sum against the model's own logit (difference) is checked: beyond
     dla_reconstruction_tolerance, RECONSTRUCTION_STEPS rounding steps in `dtype` (metrics.noise_floor) of
-    the largest sum of |rows| over examples, a HeadscopeWarning says so and dla_reconstruction_ok is False
-    (a scaling of the stream or logits the decomposition misses: review 15a A1, Granite's logits_scaling)."""
+    each example's reconstruction_size (the largest over examples is recorded), a HeadscopeWarning says so and
+    dla_reconstruction_ok is False (a scaling of the stream or logits the decomposition misses: review 15a A1,
+    Granite's logits_scaling)."""
     mean = dla_mean(dla)
     writers = dla[~dla.kind.isin(["ln_final_bias", "unembed_bias"])].groupby("example").contribution.sum()
     biases = dla[dla.kind.isin(["ln_final_bias", "unembed_bias"])].groupby("example").contribution.sum()
@@ -387,14 +403,20 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
     by_example = logits.set_index("example")
     final = by_example.final_logit.reindex(writers.index)
     before = by_example.logit_before_softcap.reindex(writers.index) if softcap is not None else final
-    error = (writers + biases - before).abs().max()
-    size = dla.contribution.abs().groupby(dla.example).sum().max()
-    tolerance = RECONSTRUCTION_STEPS * noise_floor(dtype, 0.0 if pd.isna(size) else float(size))
-    reconstruction_ok = bool(pd.isna(error) or error <= tolerance)
+    errors = (writers + biases - before).abs()  # [example]
+    size = reconstruction_size(dla, logits).reindex(writers.index).clip(lower=1.0)  # [example]
+    steps = RECONSTRUCTION_STEPS * float(torch.finfo(dtype).eps) * size  # [example]: metrics.noise_floor each
+    error = errors.max()
+    tolerance = float(steps.max()) if len(steps) else RECONSTRUCTION_STEPS * noise_floor(dtype, 1.0)
+    missed = errors > steps
+    reconstruction_ok = not bool(missed.any())
     if not reconstruction_ok:
+        worst = (errors - steps)[missed].idxmax()
         warnings.warn(HeadscopeWarning(
             f"direct logit attribution: the rows miss the model's own logit (difference) by up to {float(error):.3g}, "
-            f"beyond {tolerance:.3g} ({RECONSTRUCTION_STEPS} rounding steps in {str(dtype).removeprefix('torch.')}); "
+            f"beyond {float(steps[worst]):.3g} ({RECONSTRUCTION_STEPS} rounding steps in "
+            f"{str(dtype).removeprefix('torch.')} of the logits' and rows' size) on {int(missed.sum())} of "
+            f"{len(errors)} examples; "
             f"some scaling of the residual stream or the logits is not in the decomposition, so its numbers are "
             f"not the model's."), stacklevel=2)
     ranked = mean.reindex(mean.contribution.abs().sort_values(ascending=False).index)

@@ -189,7 +189,9 @@ class DLAStack:
     the embeddings, the remainder and the final-norm and unembedding bias terms);
     logit [batch]: the model's final logit (difference) along the same tokens, its output;
     logit_before_cap [batch]: the same before the model's final soft-cap (softcap: its cap, None
-    without one, and then equal to logit), what the contributions sum to."""
+    without one, and then equal to logit), what the contributions sum to;
+    logit_size [batch]: |logit(answer)| + |logit(wrong)| before the cap, the size the model's logits are
+    rounded at (the reconstruction check's tolerance scales with it)."""
 
     contributions: torch.Tensor
     labels: list[str]
@@ -199,6 +201,7 @@ class DLAStack:
     logit: torch.Tensor
     logit_before_cap: torch.Tensor
     softcap: float | None = None
+    logit_size: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -268,15 +271,20 @@ def dla_stack(model, acts, positions: torch.Tensor, directions: torch.Tensor,
         labels, kinds, layers, heads = labels + [label], kinds + [k], layers + [-1], heads + [-1]
     logit = torch.full((positions.shape[0],), float("nan"))
     cap = final_softcap(model)
-    before = logit
+    before, size = logit, torch.full_like(logit, float("nan"))
     if output is not None and answers is not None:
-        logit = _along(at(output).float(), answers, wrong)  # the model's output (capped, where it caps)
+        raw = at(output).float()  # [batch, vocab]
+        logit = _along(raw, answers, wrong)  # the model's output (capped, where it caps)
         before = logit
         if cap is not None:  # the unembedding of the final normed stream, before the cap
             normed = model.bridge.ln_final(at(acts[site("resid_post", n_layers - 1)])[:, None])  # [batch, 1, d_model]
-            before = _along(unembed(model, normed)[:, 0].float(), answers, wrong)
+            raw = unembed(model, normed)[:, 0].float()
+            before = _along(raw, answers, wrong)
+        size = _along(raw.abs(), answers, None)
+        if wrong is not None:
+            size = size + _along(raw.abs(), wrong, None)
     return DLAStack(contributions=contrib.cpu(), labels=labels, kinds=kinds, layers=layers, heads=heads,
-                    logit=logit.cpu(), logit_before_cap=before.cpu(), softcap=cap)
+                    logit=logit.cpu(), logit_before_cap=before.cpu(), softcap=cap, logit_size=size.cpu())
 
 
 def _along(logits: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor | None) -> torch.Tensor:

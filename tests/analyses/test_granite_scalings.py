@@ -210,3 +210,42 @@ def test_granite_moe_dla_sums_to_hf_logit_difference(tmp_path):
     dla = circuits.direct_logit_attribution(model, task).tables["dla"]
     sums = torch.tensor(dla.groupby("example").contribution.sum().sort_index().to_numpy()).float()
     assert torch.allclose(sums, ld, atol=1e-5), (sums, ld)
+
+
+def test_dla_reconstruction_tolerance_sized_on_the_logits():
+    """Review 15av A1: float32 rows of about 1 logit that miss logits of 4.8 each (|a| + |w| = 9.6) by 2.2e-6 are
+    rounding, not an error (the old tolerance, 16 eps x sum |rows| = 1.9e-6, warned). By hand the tolerance is
+    4 eps x (sqrt(2) x sum |rows| + 9.6)."""
+    dla = pd.DataFrame({"example": [0, 0], "component": ["embed", "mlp0"], "kind": ["embed", "mlp"],
+                        "layer": [pd.NA, 0], "head": [pd.NA, pd.NA], "contribution": [0.6, 0.4 + 2.2e-6]})
+    logits = pd.DataFrame({"example": [0], "final_logit": [1.0], "logit_before_softcap": [1.0],
+                           "logit_size": [9.6]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeadscopeWarning)
+        s = circuits.dla_summary(dla, logits, "answer - wrong_answer", 2)
+    eps = torch.finfo(torch.float32).eps
+    assert s["dla_reconstruction_ok"] is True
+    assert s["dla_reconstruction_tolerance"] == pytest.approx(4 * eps * (2 ** 0.5 * (1.0 + 2.2e-6) + 9.6))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dla_reconstruction_correct_rows_pass_scaled_rows_warn(granite, dtype):
+    """15av A1: the tiny Granite's own rows pass the check in float32 and bfloat16; the same rows x8 (the
+    logits_scaling left out) warn. logit_size is HF's |logit(answer)| + |logit(wrong)|."""
+    model, hf = granite
+    if dtype == "bfloat16":
+        model = hs.load_model(hf.config._name_or_path, device="cpu", dtype="bfloat16")
+    task = _task()
+    _, dla, logits, _, direction, _ = circuits._collect(model, task, circuits.CircuitsConfig(), lens=False, dla=True)
+    if dtype == "float32":
+        with torch.no_grad():
+            out = hf(task.tokens).logits[:, -1]
+        rows = torch.arange(len(task))
+        hand = out[rows, task.answers].abs() + out[rows, task.wrong_answers].abs()
+        assert torch.allclose(torch.tensor(logits.logit_size.to_numpy()).float(), hand, rtol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeadscopeWarning)
+        assert circuits.dla_summary(dla, logits, direction, 2, dtype=model.dtype)["dla_reconstruction_ok"]
+    scaled = dla.assign(contribution=dla.contribution * 8)
+    with pytest.warns(HeadscopeWarning, match="miss the model's own logit"):
+        assert not circuits.dla_summary(scaled, logits, direction, 2, dtype=model.dtype)["dla_reconstruction_ok"]

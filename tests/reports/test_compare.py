@@ -2225,3 +2225,24 @@ def test_analyses_that_failed_in_both_runs_are_listed_under_not_compared(tmp_pat
     assert ("<li>circuits: no result in either run: A: failed: ValueError: x; B: not part of this run (not among its "
             "analyses).</li>") in refused
     assert "position:" not in refused and "patching:" not in refused  # both ran them
+
+
+def test_compare_and_finding_state_a_bonferroni_interval_at_its_own_level(tmp_path):
+    """Review 15av C1: a probe at chance over the best of 3 layers carries the exact (Clopper-Pearson) interval at
+    1 - 0.05/3 = 98.3% (scipy: [0.0764, 0.3995] for 8 of 39); compare called it "95% CI" and the finding "98% CI"."""
+    from scipy.stats import beta
+
+    from headscope.reports.compare_headlines import headline_notes
+    from headscope.reports.findings import finding
+
+    alpha = 0.05 / 3
+    lo, hi = beta.ppf(alpha / 2, 8, 32), beta.ppf(1 - alpha / 2, 9, 31)
+    assert (round(lo, 4), round(hi, 4)) == (0.0764, 0.3995)
+    chance = {"at_chance": True, "below_chance": False, "chance_value": 0.128, "mean": 8 / 39, "ci": [lo, hi],
+              "ci_level": 1 - alpha, "correction": "bonferroni", "alpha": 0.05, "n_tests": 3}
+    _probes(tmp_path / "a", best=8 / 39, n=39, chance=chance)
+    _probes(tmp_path / "b", best=8 / 39, n=39, chance=chance)
+    notes = " ".join(headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")))
+    assert "probe accuracy 0.205 against chance 0.128, 98.3% CI [0.0764, 0.4], 39 examples" in notes
+    said = finding("probes", io.read_json(tmp_path / "a" / "probes" / "summary.json"))
+    assert "98.3% CI [0.0764, 0.4]" in said and "98% CI" not in said and "95% CI [0.0764" not in said

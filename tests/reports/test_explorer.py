@@ -1035,3 +1035,39 @@ def test_a_cut_example_whose_shown_queries_cannot_see_the_first_token_measures_n
                         "lies beyond the window), so none is measured")
         assert page.evaluate("document.querySelectorAll('#s .hsx-sinkline .hsx-bar').length") == 0
         assert page.console_errors == []
+
+
+def test_rounding_floors_are_the_ablations_figure_floor_not_the_gradients():
+    """15av C2: the grid reads the heads summary's rounding_floor_<method>, as the heads figure does; the gradient's
+    floor (of its predicted loss change) is not per cell."""
+    from headscope.reports.explorer_view import rounding_floors
+
+    names = ["importance (gradient)", "importance (zero)", "induction"]
+    s = {"rounding_floor_zero": 0.00390625, "rounding_floor_gradient": 0.044}
+    assert rounding_floors(names, s) == {"importance (zero)": 0.00390625}
+    assert rounding_floors(names, {"rounding_floor_zero": 0.0}) == rounding_floors(names, None) == {}
+
+
+@needs_chromium
+def test_report_explorer_greys_importance_within_the_rounding_floor_in_chromium(llama, tmp_path):
+    """15av C2: zero-ablation importances of one bf16 step (1.95e-3) under the floor 2^-8 read "≈0" on grey, as the heads
+    figure's cells; the others keep their colours and values; the legend names the floor."""
+    values = [0.00195, 0.0, -0.00195, -0.00586, 0.5, 0.0039, -0.25, 0.00390625]  # [layer x head], 2 x 4
+    io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(
+        [{"layer": i // 4, "head": i % 4, "method": "zero", "importance": v} for i, v in enumerate(values)]))
+    io.write_json(tmp_path / "heads" / "summary.json", {"task": "kv", "chance": {"at_chance": False},
+                                                        "rounding_floor_zero": 0.00390625})
+    write_explorer_data(llama, tmp_path, PROMPTS[0])
+    write_report_files(tmp_path, [], {}, {"name": "tiny", "family": "llama"})
+    within = [abs(v) < 2 ** -8 for v in values]  # by hand: the first three and 0.0039 (under 0.00390625)
+    assert within == [True, True, True, False, False, True, False, False]
+    cells = ("Array.from(document.querySelectorAll('#hsx-report .hsx-grid td')).map(function(c){return "
+             "[c.querySelector('.hsx-v').textContent, getComputedStyle(c).backgroundColor];})")
+    with open_page(tmp_path / "report.html") as page:
+        choose(page, "hsx-report", 1, "score:importance (zero)")
+        shown = page.evaluate(cells)
+        legend = page.evaluate("document.querySelector('#hsx-report .hsx-legend').textContent")
+    assert [t == "\u22480" for t, _ in shown] == within
+    assert all(_rgb(c).tolist() == [230, 230, 230] for (_, c), w in zip(shown, within) if w)
+    assert all(_rgb(c).tolist() != [230, 230, 230] for (_, c), w in zip(shown, within) if not w)
+    assert "within the rounding floor 0.0039" in legend
