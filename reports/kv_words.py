@@ -112,6 +112,12 @@ def _gqa(s: Mapping[str, Any]) -> str:
     MHA cache saved."""
     per_token, mha = _num(s.get("bytes_per_token")), _num(s.get("mha_bytes_per_token"))
     heads, kv_heads = _num(s.get("n_heads")), _num(s.get("n_kv_heads"))
+    latent = s.get("latent")
+    if latent and per_token is not None and mha:  # review 15d A2: MLA caches one latent for all heads
+        return (f"Multi-head latent attention caches one latent per layer and position for all {heads:.0f} heads "
+                f"({latent[0]} + {latent[1]} roped numbers): {_bytes(per_token)} per token, "
+                f"{100 * (1 - per_token / mha):.0f}% less than the {_bytes(mha)} of the per-head keys and values "
+                f"it expands to.")
     fewer = heads is not None and kv_heads is not None and kv_heads < heads
     if not fewer and not (per_token is not None and mha is not None and per_token < mha):
         return ""

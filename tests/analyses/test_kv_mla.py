@@ -1,0 +1,96 @@
+"""Review 15d on kv with multi-head latent attention (DeepSeek-V3): the cache's bytes are Hugging Face's own cache
+tensors (A2), the cache sentence says MLA's saving (A2/B1), heavy hitters keep one set per layer (A6)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headscope.analyses.kv.analysis import cache_anatomy
+from headscope.analyses.kv.eviction import eviction_sweep
+from headscope.reports.kv_words import _gqa
+
+MLA = dict(hidden_size=32, intermediate_size=32, moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4,
+           v_head_dim=8, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+           max_position_embeddings=64, rope_interleave=False)
+
+
+@pytest.fixture(scope="module")
+def mla_dir(tmp_path_factory):
+    import tests_support
+
+    tests_support.MORE_ARCHITECTURES["dsv3_kv"] = (tests_support.word_tokenizer, "DeepseekV3ForCausalLM",
+                                                   "DeepseekV3Config", MLA)
+    try:
+        return tests_support.build_architecture("dsv3_kv", tmp_path_factory.mktemp("dsv3_kv"))
+    finally:
+        del tests_support.MORE_ARCHITECTURES["dsv3_kv"]
+
+
+@pytest.fixture(scope="module")
+def mla(mla_dir):
+    import headscope as hs
+
+    return hs.load_model(mla_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def hf(mla_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(mla_dir, attn_implementation="eager").eval()
+
+
+def test_mla_cache_bytes_are_hf_cache_tensors(mla, hf):
+    """Review 15d A2: headscope said 2 (K, V) x 4 heads x d_head per layer; HF's cache holds per layer the latent
+    (kv_lora_rank 8) and the roped key (4): 12 numbers, x 2 layers x 4 B (float32) = 96 B per token, read here off
+    HF's DynamicCache after a forward pass. The per-head K and V it expands to: 2 x 4 x (10 + 8) x 4 = 576 B."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor([[4, 5, 6, 7, 8, 9]])
+    cache = DynamicCache(config=hf.config)
+    with torch.no_grad():
+        hf(ids, past_key_values=cache, use_cache=True)
+    per_token = sum(t[0, :, 0].numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    a = cache_anatomy(mla)
+    assert per_token == 96
+    assert a.bytes_per_token == per_token
+    assert a.total(6) == sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert a.mha_bytes_per_token == 2 * 4 * (6 + 4 + 8) * 4 == 576
+    assert a.gqa_saving == pytest.approx(1 - 96 / 576)
+
+
+def test_mla_cache_sentence_says_the_latent():
+    """Review 15d A2/B1: the cache sentence names the latent and MLA's saving against the per-head cache (240 B
+    against 864 B: the review's model in bfloat16, 1 - 240/864 = 72%)."""
+    s = {"bytes_per_token": 240, "mha_bytes_per_token": 864, "n_heads": 4, "n_kv_heads": 4, "latent": [32, 8],
+         "gqa_saving": 1 - 240 / 864}
+    assert _gqa(s) == ("Multi-head latent attention caches one latent per layer and position for all 4 heads "
+                       "(32 + 8 roped numbers): 240 B per token, 72% less than the 864 B of the per-head keys and "
+                       "values it expands to.")
+
+
+def test_mla_heavy_hitters_keep_one_set_per_layer_as_a_cropped_hf_cache(mla, hf):
+    """Review 15d A6: MLA caches one latent per position for all heads, so heavy hitters keep one set per layer: by hand,
+    HF's attentions over the context summed over heads and queries, the 3 newest plus the 2 heaviest older positions
+    (budget 5), HF's latent cache cropped to them, then the answer token decoded on it."""
+    from headscope.analyses.core.tasks import Task
+    from tests_support import random_tokens
+
+    tokens = random_tokens(3, 12, seed=1)
+    task = Task(name="rand", tokens=tokens, answers=tokens[:, 3], wrong_answers=tokens[:, 4])
+    ours = eviction_sweep(mla, task, budgets=[5], policies=("heavy_hitters",))
+    ours = ours[ours.policy == "heavy_hitters"].sort_values("example").metric.to_numpy()
+    ctx = 11
+    with torch.no_grad():
+        out = hf(tokens[:, :ctx], use_cache=True, output_attentions=True)
+        cache = out.past_key_values
+        for layer, lay in enumerate(cache.layers):
+            received = out.attentions[layer].sum((1, 2))  # [batch, ctx]: over heads and queries
+            older = received[:, : ctx - 3].topk(2, -1).indices  # the 3 newest kept as the recent window
+            idx = torch.cat([older.sort(-1).values, torch.arange(ctx - 3, ctx).expand(3, -1)], -1)  # [batch, 5]
+            lay.keys = lay.keys.gather(2, idx[:, None, :, None].expand(-1, 1, -1, lay.keys.shape[-1]))
+            lay.values = lay.values.gather(2, idx[:, None, :, None].expand(-1, 1, -1, lay.values.shape[-1]))
+        logits = hf(tokens[:, -1:], past_key_values=cache, position_ids=torch.full((3, 1), ctx)).logits[:, -1]
+    ref = (logits.gather(1, tokens[:, 3:4]) - logits.gather(1, tokens[:, 4:5]))[:, 0].numpy()
+    assert abs(ours - ref).max() <= 1e-4
