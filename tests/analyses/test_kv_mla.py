@@ -94,3 +94,33 @@ def test_mla_heavy_hitters_keep_one_set_per_layer_as_a_cropped_hf_cache(mla, hf)
         logits = hf(tokens[:, -1:], past_key_values=cache, position_ids=torch.full((3, 1), ctx)).logits[:, -1]
     ref = (logits.gather(1, tokens[:, 3:4]) - logits.gather(1, tokens[:, 4:5]))[:, 0].numpy()
     assert abs(ours - ref).max() <= 1e-4
+
+
+def test_compare_counts_the_mla_latent_cache():
+    """Review 15d B1: compare's "exact count" is of the cache the model holds: the review's model, 3 layers x (32 + 8)
+    numbers x 2 B = 240 B per token in bfloat16 (30 KiB at 128 positions), 480 B in float32."""
+    from headscope.reports.compare_headlines import _kv_size_note
+
+    side = lambda per, dtype: {"bytes_per_token": per, "bytes_at_n_ctx": 128 * per, "dtype": dtype, "latent": [32, 8]}  # noqa: E731
+    latent = " (one MLA latent of 32 + 8 numbers a layer, as the model's cache holds it)"
+    assert _kv_size_note(side(3 * 40 * 2, "bfloat16"), side(3 * 40 * 4, "float32")) == [
+        f"kv cache size: A 240 B per token (bfloat16), 30.0 KiB at full context{latent}, B 480 B per token (float32), "
+        f"60.0 KiB at full context{latent}: an exact count (no sampling noise): the dtypes differ (bfloat16, 2 bytes a "
+        "number, against float32, 4): a setting, not the model."]
+
+
+def test_mla_norms_figure_says_it_plots_the_expanded_keys():
+    """Review 15d C3: on MLA the figure's keys are the per-head keys expanded from the latent, not what is cached."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from headscope.reports.plots_kv import plot_norms
+
+    data = pd.DataFrame({"kind": "key", "layer": [0, 0, 1, 1], "position": [0, 1, 0, 1], "norm": [1.0, 2.0, 3.0, 4.0],
+                         "n_prompts": 2})
+    ax = plot_norms(data, latent=[32, 8])
+    assert ax.get_title() == ("Per-head key norms, expanded from the cached latent (mean over heads)\n"
+                              "the cache holds one latent of 32 + 8 numbers per position, not these")
+    assert ax.get_ylabel() == "L2 norm of the per-head key (expanded from the latent)"
+    assert plot_norms(data).get_ylabel() == "L2 norm of the cached key"
+    plt.close("all")
