@@ -537,17 +537,23 @@ def _where_missed(e: Mapping[str, Any]) -> str:
 
 
 def _misses(e: Mapping[str, Any], tol: float) -> str:
-    """'on average it falls 1.04% to 24.1% below the full cache at every budget that evicts (the band is 1%)': how far each
+    """'on average it falls 2.57 to 3.01 logits below the full cache at budget(s) 4, 8 (the band is 1% of the full-cache
+    mean)' (in the metric's units where the record has them, review 15d B2; else 'falls 1.04% to 24.1% ...'): how far each
     missed budget's mean lies from the full cache (holding's misses, |change|), on the side its verdict says, two
     decimals near the band's edge (review 9a C1: "misses the tolerance by 1.0%" printed the change, 0.04 points
     past the band, as the miss)."""
     lo, hi = (_share(m, tol) for m in e["misses"])
+    unit = (e.get("closest") or {}).get("unit")
+    if _num((e.get("misses_diff") or [None])[0]) is not None and unit:  # review 15d B2: in the metric's units, as the
+        lo, hi = (f"{abs(m):#.3g}" for m in e["misses_diff"])  # figure (a % of a small, uncertain mean reads too precise)
+        hi += f" {unit}"
+        lo = lo if lo + f" {unit}" != hi else hi
     span = lo if lo == hi else f"{lo} to {hi}"
     verdicts = e.get("verdicts") or {}
     sides: dict[str, list[str]] = {}
     for b in e.get("missed") or []:
         sides.setdefault(str(verdicts.get(str(b))), []).append(str(b))
-    band = f"(the band is {100 * tol:.0f}%)"
+    band = f"(the band is {100 * tol:.0f}%{' of the full-cache mean' if unit and e.get('misses_diff') else ''})"
     if set(sides) in ({"below"}, {"above"}):
         return (f"on average it {'falls' if 'below' in sides else 'lies'} {span} {next(iter(sides))} the full cache "
                 f"{_where_missed(e)} {band}")

@@ -124,3 +124,25 @@ def test_mla_norms_figure_says_it_plots_the_expanded_keys():
     assert ax.get_ylabel() == "L2 norm of the per-head key (expanded from the latent)"
     assert plot_norms(data).get_ylabel() == "L2 norm of the cached key"
     plt.close("all")
+
+
+def test_misses_are_said_in_the_metrics_units():
+    """Review 15d B2: "falls 534.3% to 627.0% below" was a share of a full-cache mean of 0.48 whose own 95% CI spans a
+    factor 4. Window on 4 prompts of context 32, full cache 0.5 each; budget 4 moves them by -2.9, -3.1, -3.0, -3.0
+    (mean -3.0), budget 8 by -2.4, -2.6, -2.5, -2.5 (mean -2.5): both intervals clear the band, said in logits."""
+    import pandas as pd
+
+    from headscope.analyses.kv.holding import holding_budgets
+    from headscope.reports.kv_words import _misses, _with_units
+
+    rows = []
+    for e, (d4, d8) in enumerate([(-2.9, -2.4), (-3.1, -2.6), (-3.0, -2.5), (-3.0, -2.5)]):
+        rows.append({"policy": "full", "budget": 32, "example": e, "context": 32, "metric": 0.5})
+        rows += [{"policy": "window", "budget": b, "example": e, "context": 32, "metric": 0.5 + d}
+                 for b, d in ((4, d4), (8, d8))]
+    hold = holding_budgets(pd.DataFrame(rows), n_sink=4)
+    e = hold["policies"]["window"]
+    assert e["misses_diff"] == pytest.approx([2.5, 3.0])
+    assert _misses(_with_units(e, "logits"), 0.01) == ("on average it falls 2.50 to 3.00 logits below the full cache at "
+                                                       "every budget that evicts (the band is 1% of the full-cache "
+                                                       "mean)")

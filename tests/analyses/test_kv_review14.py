@@ -179,8 +179,8 @@ def test_kv_never_within_needs_every_interval_outside_the_band():
     assert (f"window not shown either way (at its largest budget that evicts, 16, its mean is more than 1% below the "
             f"full cache: keeps 93.0% of the full-cache value, -7.0% (95% CI [{10 * ci.low:+.1f}%, {10 * ci.high:+.1f}%], "
             "per example -3.00 to +1.00 logits, n = 6); its 95% CI reaches 0 and covers the whole +-1% band: not clearly "
-            "below it at all, so whether it stays within 1% there cannot be told; on average it falls 50.0% below the full "
-            "cache at budget(s) 4 (the band is 1%))") in text, text
+            "below it at all, so whether it stays within 1% there cannot be told; on average it falls 5.00 logits below the "
+            "full cache at budget(s) 4 (the band is 1% of the full-cache mean))") in text, text  # review 15d B2: units
     assert "heavy hitters never (at its largest budget that evicts, 16, its mean is still more than 1% below" in text
     assert "window never" not in text and "No policy stays" not in text
     assert "No policy is shown to stay within 1% at a budget that evicts something; window comes closest" in text
