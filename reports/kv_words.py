@@ -115,9 +115,8 @@ def _gqa(s: Mapping[str, Any]) -> str:
     latent = s.get("latent")
     if latent and per_token is not None and mha:  # review 15d A2: MLA caches one latent for all heads
         return (f"Multi-head latent attention caches one latent per layer and position for all {heads:.0f} heads "
-                f"({latent[0]} + {latent[1]} roped numbers): {_bytes(per_token)} per token, "
-                f"{100 * (1 - per_token / mha):.0f}% less than the {_bytes(mha)} of the per-head keys and values "
-                f"it expands to.")
+                f"({latent[0]} + {latent[1]} roped numbers), {100 * (1 - per_token / mha):.0f}% less than the "
+                f"{_bytes(mha)} per token of the per-head keys and values it expands to.")
     fewer = heads is not None and kv_heads is not None and kv_heads < heads
     if not fewer and not (per_token is not None and mha is not None and per_token < mha):
         return ""
@@ -155,6 +154,7 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     said, notes = [], []
     for policy, e in (hold.get("policies") or {}).items():
         name = policy.replace("_", " ")
+        shown: set[int] = set()  # budgets whose row this policy's clause already states
         at = e.get("at")
         if at is not None:
             where = f"between {e['below']} and {e['budget']} on this grid" if e.get("below") is not None else \
@@ -172,6 +172,7 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
                               guess)
         elif e.get("worst_evicting") is not None:
             w, c = e["worst_evicting"], e.get("closest")
+            shown.add(w["budget"])  # its interval and how sure are said here: not again below (review 15d C6)
             if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
                 c = w
             how = "above" if w["change"] > tol else "below"
@@ -205,7 +206,7 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             notes.append(f"With {n_sink if n_sink is not None else sinks - 1} sink positions, sink window keeps no recent "
                          f"token below budget {sinks}, so its crossing between {e['below']} and {e['budget']} is the "
                          "grid's and the sinks' artefact, not a property of the model.")
-        notes += _above_words(name, e.get("above") or [], tol, s)
+        notes += _above_words(name, [r for r in e.get("above") or [] if r.get("budget") not in shown], tol, s)
     parts = [head + "; ".join(said) + "."] + ([windowed] if windowed else []) + notes
     if hold.get("whole_from") is not None:
         parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
@@ -616,7 +617,9 @@ def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: s
     elif c.get("lost"):
         answers = (f"; it loses {c['lost']} of the {c['full_correct']} answer(s) the full cache gets on these prompts "
                    "(whatever it gains elsewhere)")
-    text = f"{lead}: at budget {c['budget']} it {kept}{how} ({_band(c, tol)}{_answers(c, guess)}){answers}"
+    said = (e.get("worst_evicting") or {}).get("budget") == c["budget"] and e.get("consistent_from") is None
+    band = "its interval as above" if said else f"{_band(c, tol)}{_answers(c, guess)}"  # review 15d C6: said once
+    text = f"{lead}: at budget {c['budget']} it {kept}{how} ({band}){answers}"
     if e.get("misses"):
         text += f"; {_misses(e, tol)}"
     if e.get("monotone") is False:

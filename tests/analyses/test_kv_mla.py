@@ -66,8 +66,8 @@ def test_mla_cache_sentence_says_the_latent():
     s = {"bytes_per_token": 240, "mha_bytes_per_token": 864, "n_heads": 4, "n_kv_heads": 4, "latent": [32, 8],
          "gqa_saving": 1 - 240 / 864}
     assert _gqa(s) == ("Multi-head latent attention caches one latent per layer and position for all 4 heads "
-                       "(32 + 8 roped numbers): 240 B per token, 72% less than the 864 B of the per-head keys and "
-                       "values it expands to.")
+                       "(32 + 8 roped numbers), 72% less than the 864 B per token of the per-head keys and values it "
+                       "expands to.")
 
 
 def test_mla_heavy_hitters_keep_one_set_per_layer_as_a_cropped_hf_cache(mla, hf):
@@ -146,3 +146,28 @@ def test_misses_are_said_in_the_metrics_units():
     assert _misses(_with_units(e, "logits"), 0.01) == ("on average it falls 2.50 to 3.00 logits below the full cache at "
                                                        "every budget that evicts (the band is 1% of the full-cache "
                                                        "mean)")
+
+
+def test_kv_finding_states_each_interval_once():
+    """Review 15d C6: window's only evicting budget, 4, moves 4 prompts (full cache 10) by +3, -1, +2, -1 logits: +7.5%,
+    its 95% t interval [-25.3%, +40.3%] (scipy by hand) reaching 0. The old finding gave that interval three times (the
+    policy's clause, "is more than 1% above ... no evidence that it is better", "window comes closest"): now once."""
+    import pandas as pd
+    from scipy import stats
+
+    from headscope.analyses.kv.holding import holding_budgets
+    from headscope.reports.findings import finding
+
+    diffs = [3.0, -1.0, 2.0, -1.0]
+    rows = []
+    for e, d in enumerate(diffs):
+        rows += [{"policy": "full", "budget": 12, "example": e, "context": 12, "metric": 10.0},
+                 {"policy": "window", "budget": 4, "example": e, "context": 12, "metric": 10.0 + d}]
+    ci = stats.t.interval(0.95, 3, loc=sum(diffs) / 4, scale=stats.sem(diffs))
+    interval = f"+7.5% (95% CI [{10 * ci[0]:+.1f}%, {10 * ci[1]:+.1f}%]"
+    assert interval == "+7.5% (95% CI [-25.3%, +40.3%]"
+    s = {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "n_sink": 4,
+         "holding_budgets": holding_budgets(pd.DataFrame(rows), n_sink=4)}
+    text = finding("kv", s)
+    assert text.count(interval) == 1, text
+    assert "(its interval as above)" in text and "no evidence that it is better" not in text
