@@ -5,7 +5,9 @@ and records the K and V each step appends. Both read the Hugging Face cache obje
 bridged model fills, so keys are exactly what the cache stores (after RoPE on rotary models)
 for every architecture. The prompt's pass (`prefill`) runs the hook-free blocks where they apply
 (the fused attention kernel: memory linear in the prompt's length) and fills the same cache.
-Layout: [batch, kv_head, pos, d_head].
+Layout: [batch, kv_head, pos, d_head]. On multi-head latent attention (DeepSeek) the bridge's cache holds the
+per-head K and V expanded from the latent, not Hugging Face's latent cache (analyses/kv's cache_anatomy counts
+that one; review 15d C3).
 """
 from __future__ import annotations
 

@@ -514,6 +514,8 @@ def _kv_size_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
     full = [s.get("bytes_at_n_ctx") for s in (sa, sb)]
     said = ", ".join(f"{side} {_bytes(p)} per token ({s.get('dtype') or 'dtype not recorded'})"
                      + (f", {_bytes(f)} at full context" if _number(f) else "")
+                     + (f" (one MLA latent of {s['latent'][0]} + {s['latent'][1]} numbers a layer, as the model's "
+                        f"cache holds it)" if s.get("latent") else "")  # review 15d B1: what the exact count counts
                      for side, s, p, f in zip(SIDES, (sa, sb), per, full))
     if per[0] == per[1] and (full[0] == full[1] or not all(_number(f) for f in full)):
         return [SAME + f"{SIZE_LABEL}: {said}: the same (a count of bytes, exact: no sampling noise)."]

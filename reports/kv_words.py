@@ -112,6 +112,11 @@ def _gqa(s: Mapping[str, Any]) -> str:
     MHA cache saved."""
     per_token, mha = _num(s.get("bytes_per_token")), _num(s.get("mha_bytes_per_token"))
     heads, kv_heads = _num(s.get("n_heads")), _num(s.get("n_kv_heads"))
+    latent = s.get("latent")
+    if latent and per_token is not None and mha:  # review 15d A2: MLA caches one latent for all heads
+        return (f"Multi-head latent attention caches one latent per layer and position for all {heads:.0f} heads "
+                f"({latent[0]} + {latent[1]} roped numbers), {100 * (1 - per_token / mha):.0f}% less than the "
+                f"{_bytes(mha)} per token of the per-head keys and values it expands to.")
     fewer = heads is not None and kv_heads is not None and kv_heads < heads
     if not fewer and not (per_token is not None and mha is not None and per_token < mha):
         return ""
@@ -149,6 +154,7 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     said, notes = [], []
     for policy, e in (hold.get("policies") or {}).items():
         name = policy.replace("_", " ")
+        shown: set[int] = set()  # budgets whose row this policy's clause already states
         at = e.get("at")
         if at is not None:
             where = f"between {e['below']} and {e['budget']} on this grid" if e.get("below") is not None else \
@@ -166,6 +172,7 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
                               guess)
         elif e.get("worst_evicting") is not None:
             w, c = e["worst_evicting"], e.get("closest")
+            shown.add(w["budget"])  # its interval and how sure are said here: not again below (review 15d C6)
             if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
                 c = w
             how = "above" if w["change"] > tol else "below"
@@ -199,7 +206,7 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             notes.append(f"With {n_sink if n_sink is not None else sinks - 1} sink positions, sink window keeps no recent "
                          f"token below budget {sinks}, so its crossing between {e['below']} and {e['budget']} is the "
                          "grid's and the sinks' artefact, not a property of the model.")
-        notes += _above_words(name, e.get("above") or [], tol, s)
+        notes += _above_words(name, [r for r in e.get("above") or [] if r.get("budget") not in shown], tol, s)
     parts = [head + "; ".join(said) + "."] + ([windowed] if windowed else []) + notes
     if hold.get("whole_from") is not None:
         parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
@@ -531,17 +538,23 @@ def _where_missed(e: Mapping[str, Any]) -> str:
 
 
 def _misses(e: Mapping[str, Any], tol: float) -> str:
-    """'on average it falls 1.04% to 24.1% below the full cache at every budget that evicts (the band is 1%)': how far each
+    """'on average it falls 2.57 to 3.01 logits below the full cache at budget(s) 4, 8 (the band is 1% of the full-cache
+    mean)' (in the metric's units where the record has them, review 15d B2; else 'falls 1.04% to 24.1% ...'): how far each
     missed budget's mean lies from the full cache (holding's misses, |change|), on the side its verdict says, two
     decimals near the band's edge (review 9a C1: "misses the tolerance by 1.0%" printed the change, 0.04 points
     past the band, as the miss)."""
     lo, hi = (_share(m, tol) for m in e["misses"])
+    unit = (e.get("closest") or {}).get("unit")
+    if _num((e.get("misses_diff") or [None])[0]) is not None and unit:  # review 15d B2: in the metric's units, as the
+        lo, hi = (f"{abs(m):#.3g}" for m in e["misses_diff"])  # figure (a % of a small, uncertain mean reads too precise)
+        hi += f" {unit}"
+        lo = lo if lo + f" {unit}" != hi else hi
     span = lo if lo == hi else f"{lo} to {hi}"
     verdicts = e.get("verdicts") or {}
     sides: dict[str, list[str]] = {}
     for b in e.get("missed") or []:
         sides.setdefault(str(verdicts.get(str(b))), []).append(str(b))
-    band = f"(the band is {100 * tol:.0f}%)"
+    band = f"(the band is {100 * tol:.0f}%{' of the full-cache mean' if unit and e.get('misses_diff') else ''})"
     if set(sides) in ({"below"}, {"above"}):
         return (f"on average it {'falls' if 'below' in sides else 'lies'} {span} {next(iter(sides))} the full cache "
                 f"{_where_missed(e)} {band}")
@@ -604,7 +617,9 @@ def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: s
     elif c.get("lost"):
         answers = (f"; it loses {c['lost']} of the {c['full_correct']} answer(s) the full cache gets on these prompts "
                    "(whatever it gains elsewhere)")
-    text = f"{lead}: at budget {c['budget']} it {kept}{how} ({_band(c, tol)}{_answers(c, guess)}){answers}"
+    said = (e.get("worst_evicting") or {}).get("budget") == c["budget"] and e.get("consistent_from") is None
+    band = "its interval as above" if said else f"{_band(c, tol)}{_answers(c, guess)}"  # review 15d C6: said once
+    text = f"{lead}: at budget {c['budget']} it {kept}{how} ({band}){answers}"
     if e.get("misses"):
         text += f"; {_misses(e, tol)}"
     if e.get("monotone") is False:

@@ -12,7 +12,7 @@ whose words live in reports/kv_words.py.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -138,7 +138,7 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
 
 
 def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, Any] | None = None,
-               n_prompts: int | None = None, ax=None):
+               n_prompts: int | None = None, latent: Sequence[int] | None = None, ax=None):
     """Mean norm of the cached keys (or values) by position (`data`: the norms table), one line per layer
     (mean over KV heads), on a y axis from 0 (a norm is read as a ratio: a zoomed axis makes a few percent look
     like structure). Each point that fewer than half of the section's `n_prompts` prompts reach (its own
@@ -147,7 +147,9 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
     only; the solid line breaks there, and the x label says where and counts the section's prompts (without
     `n_prompts`, the most that reach any point).
     key_norm (the kv summary's, where the model normalises its keys before caching): the key figure's title
-    says so and, for a norm per head, a grey band shows the range its weight allows."""
+    says so and, for a norm per head, a grey band shows the range its weight allows. latent (the kv summary's, on
+    multi-head latent attention): the model caches one latent per position, not these per-head keys, which the
+    title and axis say (review 15d C3)."""
     ax = axes(ax, (7.5, 4))
     df = data[data.kind == kind]
     means = df.groupby(["layer", "position"], as_index=False).agg(
@@ -172,6 +174,11 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
         where += (f"\nfaint, dotted (the solid line breaks): points fewer than half of the {total} prompts reach "
                   f"(n = {int_span(int(thin.n.min()), int(thin.n.max()))}; positions {positions})")
     title = f"Cached {kind} norms (mean over KV heads)"
+    what = f"the cached {kind}"
+    if latent:  # review 15d C3: MLA caches the latent; these are the per-head keys or values expanded from it
+        title = (f"Per-head {kind} norms, expanded from the cached latent (mean over heads)\n"
+                 f"the cache holds one latent of {latent[0]} + {latent[1]} numbers per position, not these")
+        what = f"the per-head {kind} (expanded from the latent)"
     top = float(means.norm.max()) if len(means) else 0.0
     if kind == "key" and isinstance(key_norm, Mapping):
         name, bounds = key_norm.get("module", "k_norm"), key_norm.get("bounds") or []
@@ -185,7 +192,7 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
             lo, hi = float(bounds[0]), max(float(bounds[1]), 1.002 * float(bounds[0]))  # a constant weight: a thin band
             ax.axhspan(lo, hi, color="grey", alpha=0.25, lw=0, label=f"{name} allows {_span2(*bounds)}")
             top = max(top, hi)
-    ax.set(title=title, xlabel=where, ylabel=f"L2 norm of the cached {kind}")
+    ax.set(title=title, xlabel=where, ylabel=f"L2 norm of {what}")
     ax.set_ylim(0, 1.1 * top or 1.0)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
     return ax
@@ -240,7 +247,8 @@ def figures(result, **kwargs) -> dict:
                                                            quiet=quiet_reason(result.summary),
                                                            step=_rounding_step(result))),
                        ("kv_norms", lambda: plot_norms(result.tables["norms"], key_norm=result.summary.get("key_norm"),
-                                                      n_prompts=result.summary.get("n_examples"))),
+                                                      n_prompts=result.summary.get("n_examples"),
+                                                      latent=result.summary.get("latent"))),
                        ("kv_sinks", lambda: plot_sinks(result.tables["sinks"]))):
         out[stem] = laid_out(draw())
         if stem == "kv_eviction":
@@ -281,7 +289,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                 "The y axis starts at 0. On a model that normalises each head's keys before caching (a k_norm: Qwen3, "
                 "Gemma 3) their norms are set by the norm's weight, which the title says (grey band: the range the norm "
                 "allows): the lines show the normalisation, not a sink. A norm over all KV heads together (OLMo 2) "
-                "bounds a key's total over its heads, not one head's norm, so there the lines can still show a sink.",
+                "bounds a key's total over its heads, not one head's norm, so there the lines can still show a sink. "
+                "On multi-head latent attention (DeepSeek) the cache holds one latent per position; the lines are the "
+                "per-head keys expanded from it, as the title says.",
     "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass (a "
                 "sliding-window layer's counts only the keys inside its window), with its 95% t interval over "
                 "prompts; the finding names the layers that are sinks.",

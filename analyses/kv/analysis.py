@@ -66,6 +66,8 @@ class CacheAnatomy:
     dtype: str
     bytes_per_number: int
     windows: tuple[int | None, ...] = ()  # per layer its sliding window (models.layer_windows); () or None: global
+    latent: tuple[int, int] | None = None  # MLA (review 15d A2): (kv_lora_rank, qk_rope_head_dim) cached per layer
+    mha_width: int | None = None  # MLA: numbers per layer and token of a per-head cache, n_heads x (d_qk + d_v)
 
     def cached_positions(self, positions: int) -> list[int]:
         """Per layer, the positions its cache holds at this context: all of them for a global layer; for a
@@ -81,6 +83,9 @@ class CacheAnatomy:
 
     @property
     def bytes_per_token_per_layer(self) -> int:
+        """Per layer and token: 2 x kv_heads x d_head numbers, or on MLA its one latent (kv_nope + k_rot) for all heads."""
+        if self.latent is not None:
+            return sum(self.latent) * self.bytes_per_number
         return cache_bytes(positions=1, n_layers=1, n_kv_heads=self.n_kv_heads, d_head=self.d_head,
                            bytes_per_number=self.bytes_per_number)
 
@@ -91,19 +96,27 @@ class CacheAnatomy:
 
     @property
     def mha_bytes_per_token(self) -> int:
-        """The same model with one KV head per query head (full multi-head attention)."""
+        """The same model with one KV head per query head (full multi-head attention); on MLA the per-head
+        K and V its latent expands to (mha_width numbers a layer)."""
+        if self.latent is not None:
+            return self.n_layers * (self.mha_width or 0) * self.bytes_per_number
         return self.bytes_per_token * self.n_heads // self.n_kv_heads
 
     @property
     def gqa_saving(self) -> float:
-        """Fraction of the MHA cache saved by sharing KV heads: 1 - n_kv_heads / n_heads."""
+        """Fraction of the MHA cache saved: 1 - n_kv_heads / n_heads (sharing KV heads), or on MLA
+        1 - latent / per-head K and V."""
+        if self.latent is not None:
+            return 1.0 - self.bytes_per_token / self.mha_bytes_per_token
         return 1.0 - self.n_kv_heads / self.n_heads
 
     def total(self, positions: int, batch: int = 1) -> int:
         """Bytes of the cache at `positions` of context, each layer holding its cached_positions."""
-        return sum(cache_bytes(positions=p, n_layers=1, n_kv_heads=self.n_kv_heads, d_head=self.d_head,
-                               bytes_per_number=self.bytes_per_number, batch=batch)
-                   for p in self.cached_positions(positions))
+        return sum(batch * p * self.bytes_per_token_per_layer for p in self.cached_positions(positions))
+
+    def mha_total(self, positions: int, batch: int = 1) -> int:
+        """total() for the MHA equivalent (mha_bytes_per_token)."""
+        return self.total(positions, batch) * self.mha_bytes_per_token // self.bytes_per_token
 
 
 def _metric_floor(model, metric: str, sweep) -> float:
@@ -121,7 +134,21 @@ def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
     dtype = dtype or model.dtype
     return CacheAnatomy(n_layers=f.n_layers, n_heads=f.n_heads, n_kv_heads=f.n_kv_heads, d_head=f.d_head,
                         dtype=str(dtype).removeprefix("torch."),
-                        bytes_per_number=torch.empty((), dtype=dtype).element_size(), windows=layer_windows(model))
+                        bytes_per_number=torch.empty((), dtype=dtype).element_size(), windows=layer_windows(model),
+                        **latent_layout(model.bridge.original_model.config))
+
+
+def latent_layout(config) -> dict[str, Any]:
+    """Multi-head latent attention (DeepSeek-V2/V3, review 15d A2): Hugging Face's cache holds per layer and
+    token the normalised latent kv_nope (kv_lora_rank) and the roped shared key k_rot (qk_rope_head_dim), one
+    for all heads, not per-head K and V; {} for any other model. mha_width: the per-head K and V it expands to,
+    n_heads x (qk_nope + qk_rope + v_head_dim)."""
+    rank, rope = getattr(config, "kv_lora_rank", None), getattr(config, "qk_rope_head_dim", None)
+    if not isinstance(rank, int) or not isinstance(rope, int):
+        return {}
+    d_qk = getattr(config, "qk_head_dim", None) or rope + int(getattr(config, "qk_nope_head_dim", 0))
+    d_v = int(getattr(config, "v_head_dim", d_qk))
+    return {"latent": (rank, rope), "mha_width": int(config.num_attention_heads) * (int(d_qk) + d_v)}
 
 
 def anatomy_table(anatomy: CacheAnatomy, contexts: Sequence[int] = (1024, 8192, 32768),
@@ -133,7 +160,7 @@ def anatomy_table(anatomy: CacheAnatomy, contexts: Sequence[int] = (1024, 8192, 
     if n_ctx is not None:
         contexts = sorted({int(n) for n in contexts if n <= n_ctx} | {int(n_ctx)})
     rows = [{"positions": n, "batch": b, "bytes": anatomy.total(n, b),
-             "mha_bytes": anatomy.total(n, b) * anatomy.n_heads // anatomy.n_kv_heads, "gqa_saving": anatomy.gqa_saving}
+             "mha_bytes": anatomy.mha_total(n, b), "gqa_saving": anatomy.gqa_saving}
             for n in contexts for b in batches]
     return pd.DataFrame(rows)
 
@@ -370,6 +397,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "mha_bytes_per_token": anatomy.mha_bytes_per_token,
         "gqa_saving": anatomy.gqa_saving,  # the share of the MHA cache saved (0.5: half), as anatomy.csv's
         "n_heads": anatomy.n_heads, "n_kv_heads": anatomy.n_kv_heads,
+        "latent": list(anatomy.latent) if anatomy.latent else None,  # MLA: [kv_lora_rank, qk_rope] cached per layer
         "dtype": anatomy.dtype,
         "bytes_at_n_ctx": anatomy.total(model.facts.n_ctx),  # sliding-window layers hold only their window
         "bytes_at_n_ctx_all_global": anatomy.n_layers * anatomy.bytes_per_token_per_layer * model.facts.n_ctx,

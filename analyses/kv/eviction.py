@@ -16,6 +16,9 @@ checks it against a cropped Hugging Face cache. Policies:
   (H2O's accumulated attention, summed over the query heads that share the KV head). Without the
   window (review 13a A1) accumulated attention under a causal mask is smallest for the newest
   positions (few queries see them), so the policy would evict the newest tokens first.
+  Multi-head latent attention (DeepSeek; review 15d A6) caches one latent per position for all heads, so a
+  crop keeps or drops a position for every head at once: there heavy hitters rank the attention summed
+  over all heads and keep one set per layer (as one KV group), a cache MLA can hold.
 "full" (no eviction) is the reference; budget >= the context length evicts nothing.
 
 Sliding-window layers (Gemma 2's local layers, Mistral's; models.layer_windows) already hold only
@@ -206,6 +209,11 @@ def answer_step(model, context, tokens: torch.Tensor, keep: torch.Tensor,
     return logits
 
 
+def shared_cache(model) -> bool:
+    """Does the model cache one latent per position for all heads (multi-head latent attention, kv_lora_rank)?"""
+    return isinstance(getattr(model.bridge.original_model.config, "kv_lora_rank", None), int)
+
+
 def default_budgets(ctx: int) -> list[int]:
     """Powers of two below the context length, then the context length itself."""
     return [b for b in (2 ** i for i in range(ctx.bit_length())) if b < ctx] + [ctx]
@@ -231,15 +239,19 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
     budgets = default_budgets(ctx) if budgets is None else sorted(set(int(b) for b in budgets))
     metric = task_metric(task)
     received = attention_received(model, tokens, mask) if "heavy_hitters" in policies else None
+    shared = shared_cache(model)  # MLA: one cached latent per position for all heads (the module doc)
+    groups = 1 if shared else f.n_kv_heads
+    if received is not None and shared:
+        received = received.sum(2, keepdim=True)  # [layer, batch, 1, ctx]
     context = context_cache(model, tokens, mask)
     context_len = (ctx - start.cpu().to(torch.int64)).numpy()  # [batch] each prompt's context length
     windows = layer_windows(model)  # sliding-window layers hold only their window (the module doc)
     runs = [("full", ctx)] + [(p, b) for p in policies for b in budgets]
     frames, cached = [], None
     for policy, budget in tqdm(runs, desc="kv eviction", disable=not progress):
-        keep = keep_mask(policy, n_layers=f.n_layers, batch=batch, n_kv_heads=f.n_kv_heads, ctx=ctx,
+        keep = keep_mask(policy, n_layers=f.n_layers, batch=batch, n_kv_heads=groups, ctx=ctx,
                          budget=budget, n_sink=n_sink, received=received, start=start, windows=windows,
-                         recent_share=recent_share)
+                         recent_share=recent_share).expand(-1, -1, f.n_kv_heads, -1)  # [layer, batch, kv_head, ctx]
         kept = keep.sum((0, 3)).double().mean(1).numpy()  # [batch] layer-positions (mean over KV heads)
         cached = kept if cached is None else cached  # the first run is "full"
         if context is None:

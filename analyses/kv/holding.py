@@ -256,6 +256,8 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
             entry["every_evicting_missed"] = len(out_of) == len(records)
             if out_of:
                 entry["misses"] = [min(abs(r["change"]) for r in out_of), max(abs(r["change"]) for r in out_of)]
+                # review 15d B2: the same in the metric's units (a share of a small, uncertain mean reads too precise)
+                entry["misses_diff"] = [min(abs(r["diff"]) for r in out_of), max(abs(r["diff"]) for r in out_of)]
             entry["monotone"] = all(b <= a + 1e-12 for a, b in zip(sizes, sizes[1:]))
         counted = [r for r in records if r["n_evicting"] >= MIN_EVICTING]  # (a 1-prompt budget keeps nothing said)
         kept = [r.get("lost") == 0 for r in counted]  # review 14b A1: per prompt, not the counts

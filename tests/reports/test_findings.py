@@ -1327,7 +1327,8 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
     assert ("heavy hitters never (at its largest budget that evicts, 8, "
             "its mean is still more than 1% below the full cache: keeps 90.0% of "
             "the full-cache value, -10.0%") in text
-    assert "on average it falls 10.0% below the full cache at every budget that evicts (the band is 1%)" in text
+    assert ("on average it falls 1.00 logits below the full cache at every budget that evicts (the band is 1% of the "
+            "full-cache mean)") in text
     assert ("Window is better than the full cache by more than 1% at budget(s) 1: at 1, +7.5% (95% CI [+2.9%, +12.1%], "
             "per example +0.50 to +1.00 logits, n = 4).") in text
     assert "From budget 12 on, every prompt is kept whole" in text and "saves anything" not in text
@@ -1504,7 +1505,8 @@ def test_kv_names_the_closest_budget_with_its_answers_and_never_says_none_saves_
             "budget 1 it keeps 98.8% of the logit difference and lies below the full cache, but not clearly by more than 1% "
             "(-1.2% (95% CI [") in text
     assert "; it keeps every answer the full cache gets from budget 1 on; on average it falls" in text
-    assert ("; on average it falls 1.9% to 4.6% below the full cache at budget(s) 2, 4, 8 (the band is 1%), and its curve "
+    assert ("; on average it falls 0.190 to 0.460 logits below the full cache at budget(s) 2, 4, 8 (the band is 1% of the "
+            "full-cache mean), and its curve "
             "is not monotone in the budget.") in text
     assert ("heavy hitters not within from any budget on (closest at budget 1: keeps 98.8% of the full-cache value, -1.2% "
             "(95% CI") in text
@@ -1518,7 +1520,8 @@ def test_kv_names_the_closest_budget_with_its_answers_and_never_says_none_saves_
     # a policy within 1% at budget 4 only (not from one budget on) is not said to miss at every budget
     hold = s["holding_budgets"]
     hold["policies"]["heavy_hitters"].update(missed=[2, 8], every_evicting_missed=False)
-    assert "on average it falls 1.9% to 4.6% below the full cache at budget(s) 2, 8 (the band is 1%)," in finding("kv", s)
+    assert ("on average it falls 0.190 to 0.460 logits below the full cache at budget(s) 2, 8 (the band is 1% of the "
+            "full-cache mean),") in finding("kv", s)
     # no answers recorded and no policy close: the closest is still named, with its size
     bare = holding_budgets(hand_heavy_hitters_sweep().drop(columns="correct"), n_sink=4)
     text = finding("kv", {**s, "holding_budgets": bare})
@@ -1554,10 +1557,11 @@ def test_kv_says_how_far_past_the_band_each_budget_falls_and_which_budget_keeps_
             "-0.150 to -0.050 logits, n = 4); 4/4 answers correct (full cache 4/4; a constant guess of the commonest answer "
             "3/4)") in text
     # review 14bv B1: budget 4's interval reaches into the band: not missed, not "No policy stays"
-    assert "on average it falls 24.1% to 50.0% below the full cache at budget(s) 1, 2 (the band is 1%)" in text
+    assert ("on average it falls 2.41 to 5.00 logits below the full cache at budget(s) 1, 2 (the band is 1% of the full-cache "
+            "mean)") in text
     assert ("No policy is shown to stay within 1% at a budget that evicts something; heavy hitters comes closest: at "
             "budget 4 it keeps 98.96% of the logit difference and lies below the full cache, but not clearly by more than "
-            "1% (-1.04% (95% CI") in text
+            "1% (its interval as above)") in text and text.count("-1.04% (95% CI") == 1  # review 15d C6: said once
     assert "; it keeps every answer the full cache gets from budget 2 on; on average it falls" in text
     assert "misses" not in text and "99.0%" not in text and "-1.0% " not in text
     four = holding_budgets(_kv_sweep({4: at4}), n_sink=4, answers=[1, 2, 3, 7])
