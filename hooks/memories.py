@@ -138,7 +138,7 @@ def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     are (DeepSeek's shared_experts, added ungated)."""
     router, experts, shared, shared_gate = _moe(model.bridge.blocks[layer].mlp)
     flat = x.reshape(-1, x.shape[-1])  # [N, d_model]
-    _, weights, chosen = router(flat)  # [N, top_k] each
+    weights, chosen = _route(raw_module(model.bridge.blocks[layer].mlp), router, flat)  # [N, top_k] each
     up = experts.gate_up_proj  # [E, 2 d_e, d_model]
     n_experts = up.shape[0]
     mix = torch.zeros(flat.shape[0], n_experts, dtype=flat.dtype, device=flat.device)  # [N, E] 0 where not chosen
@@ -153,12 +153,34 @@ def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1).reshape(*x.shape[:-1], -1)
 
 
+def _route(block, router, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, chosen experts) [N, top_k] each for flat MLP inputs [N, d_model], as Hugging Face's MoE block routes:
+    a router that returns (logits, weights, indices) says them (transformers >= 5.1x); an older DeepSeek-V3 router
+    returns its logits and the block chooses (route_tokens_to_experts, transformers 5.9)."""
+    out = router(flat)
+    if isinstance(out, tuple) and len(out) == 3:
+        return out[1], out[2]
+    chosen, weights = block.route_tokens_to_experts(out)
+    return weights, chosen
+
+
+def _setting(router, block, *names: str, default=None):
+    """A routing setting from the router (newer transformers) or, failing that, its MoE block (transformers 5.9's
+    DeepSeek-V3 keeps top_k, n_group, topk_group, norm_topk_prob and routed_scaling_factor there)."""
+    for owner in (router, block):
+        for name in names:
+            value = getattr(owner, name, None)
+            if value is not None:
+                return value
+    return default
+
+
 def moe_routing(model, layer: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """The router's choice on MLP input x [..., d_model] as Hugging Face's MoE block makes it (its own gate module):
     {"expert_indices": [..., top_k] the chosen experts, "expert_weights": [..., expert] each expert's weight in the
     mix, 0 where not chosen} (sites of those names where the bridge has no hook point: DeepSeek-V3, review 15d C5)."""
     router, experts, _, _ = _moe(model.bridge.blocks[layer].mlp)
-    _, weights, chosen = router(x.reshape(-1, x.shape[-1]))  # [N, top_k] each
+    weights, chosen = _route(raw_module(model.bridge.blocks[layer].mlp), router, x.reshape(-1, x.shape[-1]))
     mix = torch.zeros(chosen.shape[0], experts.gate_up_proj.shape[0], dtype=weights.dtype, device=weights.device)
     mix.scatter_(1, chosen, weights)  # [N, expert]
     return {"expert_indices": chosen.reshape(*x.shape[:-1], -1), "expert_weights": mix.reshape(*x.shape[:-1], -1)}
@@ -196,13 +218,13 @@ _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # router mod
 
 
 @torch.no_grad()
-def _renormalised(router, top_k: int | None, n_experts: int) -> bool | None:
+def _renormalised(router, top_k: int | None, n_experts: int, said: bool | None = None) -> bool | None:
     """The router's norm_topk_prob (from the model's config) where it has one; else measured once per router (cached:
     expert_layout runs for every MoE layer on every chunk) on a copy of it, so the model's own router never runs on
     made-up inputs (one that keeps statistics, aux-loss or load counters, keeps them): its top-k weights for 8 random
     inputs summing to 1 (Mixtral's router renormalises with no setting for it); None where it cannot be run or
     top_k covers every expert (then the softmax sums to 1 either way)."""
-    said = getattr(router, "norm_topk_prob", None)
+    said = getattr(router, "norm_topk_prob", said)
     if isinstance(said, bool):
         return said
     weight = getattr(router, "weight", None)
@@ -231,18 +253,20 @@ def expert_layout(model, layer: int) -> ExpertLayout | None:
     if moe is None:
         return None
     router, experts, shared, shared_gate = moe
-    top_k = getattr(router, "top_k", None)
+    block = raw_module(model.bridge.blocks[layer].mlp)
+    top_k = _setting(router, block, "top_k")
     n_experts = experts.gate_up_proj.shape[0]
     sigmoid = isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor)  # HF DeepseekV3TopkRouter
     return ExpertLayout(n_experts=n_experts, expert_width=experts.down_proj.shape[2],
                         top_k=None if top_k is None else int(top_k),
                         shared_width=0 if shared is None else raw_module(shared.up_proj).weight.shape[0],
-                        renormalised=_renormalised(router, None if top_k is None else int(top_k), n_experts),
+                        renormalised=_renormalised(router, None if top_k is None else int(top_k), n_experts,
+                                                   _setting(router, block, "norm_topk_prob")),
                         shared_gated=shared is not None and shared_gate is not None,
                         **(dict(scoring="sigmoid", choice_bias=True,
-                                routed_scaling_factor=float(getattr(router, "routed_scaling_factor", 1.0)),
-                                n_group=int(getattr(router, "num_group", 1)),
-                                topk_group=int(getattr(router, "topk_group", 1))) if sigmoid else {}))
+                                routed_scaling_factor=float(_setting(router, block, "routed_scaling_factor", default=1.0)),
+                                n_group=int(_setting(router, block, "num_group", "n_group", default=1)),
+                                topk_group=int(_setting(router, block, "topk_group", default=1))) if sigmoid else {}))
 
 
 def n_memories(model, layer: int) -> int:

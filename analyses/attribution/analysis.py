@@ -179,7 +179,7 @@ def attribution(
     tau_summary, tau_by_layer, tau_by_head, permutation, ig.
     """
     cfg = configure(AttributionConfig, config, config_overrides, name="attribution")
-    if model.facts.mla:
+    if getattr(model.facts, "mla", None):
         require(NEEDS, model, "attribution")  # multi-head latent attention: one line (review 15d C1)
     if not isinstance(task, Task):
         task = default_task(model, task, cfg)

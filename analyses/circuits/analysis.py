@@ -465,7 +465,7 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
     """Direct logit attribution on `task` (see the module doc). df = table "dla_mean". config_overrides
     are fields of CircuitsConfig (top_k=5)."""
     config = configure(CircuitsConfig, config, config_overrides, name="direct_logit_attribution")
-    if model.facts.mla:  # TransformerLens has no b_V on MLA (review 15d C1): one line, not its NotImplementedError
+    if getattr(model.facts, "mla", None):  # TL has no b_V on MLA (review 15d C1): one line, not its NotImplementedError
         require(NEEDS, model, "direct_logit_attribution")
     _refuse_encoder(model)
     task = default_task(model, task, config)
@@ -495,7 +495,7 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     """`headscope circuits`: the logit lens and DLA on one task from shared passes. df = "dla_mean";
     tables "lens", "dla", "dla_mean"; encoders give summary {"skipped": reason}."""
     config = config or CircuitsConfig.preset()
-    if model.facts.mla:
+    if getattr(model.facts, "mla", None):
         require(NEEDS, model, "circuits")
     if model.facts.is_encoder:
         reason = f"{model.facts.name} is an encoder: the logit lens and DLA read next-token logits."

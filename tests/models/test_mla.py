@@ -51,33 +51,31 @@ def test_mla_facts_and_header(mla):
 
 
 def test_mla_per_head_sites_match_hf(mla):
-    """hook_q/k/v [batch, pos, head, d] (the sites table) and hook_z [batch, pos, head, v_head_dim] equal HF's."""
-    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_mod
-
+    """hook_q/k/v [batch, pos, head, d] (the sites table) and hook_z [batch, pos, head, v_head_dim] equal HF's: k's
+    unrotated part and v worked by hand from HF's own modules (latent -> kv_a_layernorm -> kv_b_proj, split per head;
+    the same on every transformers version), z as o_proj's input."""
     _, model, hf = mla
     tokens = random_tokens(2, 9)
     rec: dict[str, torch.Tensor] = {}
-    orig = hf_mod.DeepseekV3Attention.expand_kv
-
-    def expand(self, kv_nope, k_rot):
-        k, v = orig(self, kv_nope, k_rot)
-        if self.layer_idx == 1:
-            rec["k"], rec["v"] = k.detach(), v.detach()  # [batch, head, pos, d]
-        return k, v
-
-    handle = hf.model.layers[1].self_attn.o_proj.register_forward_pre_hook(
-        lambda mod, args: rec.__setitem__("z", args[0].detach()))
-    hf_mod.DeepseekV3Attention.expand_kv = expand
+    attn = hf.model.layers[1].self_attn
+    handles = [attn.o_proj.register_forward_pre_hook(lambda mod, args: rec.__setitem__("z", args[0].detach())),
+               attn.register_forward_pre_hook(lambda mod, args, kwargs: rec.__setitem__(
+                   "x", (args[0] if args else kwargs["hidden_states"]).detach()), with_kwargs=True)]
     try:
         with torch.no_grad():
             hf(tokens)
+            cfg = hf.config
+            kv_nope = attn.kv_a_proj_with_mqa(rec["x"])[..., :cfg.kv_lora_rank]  # [batch, pos, latent]
+            kv = attn.kv_b_proj(attn.kv_a_layernorm(kv_nope)).view(2, 9, N_HEADS, -1)
+            k_nope, v = kv.split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=-1)  # [batch, pos, head, d] each
     finally:
-        hf_mod.DeepseekV3Attention.expand_kv = orig
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     got = hs.capture(model, tokens, [hs.site(k, 1) for k in ("q", "k", "v", "z")])
     assert tuple(got["blocks.1.attn.hook_q"].shape) == (2, 9, N_HEADS, D_QK)
-    torch.testing.assert_close(got["blocks.1.attn.hook_k"], rec["k"].transpose(1, 2), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got["blocks.1.attn.hook_v"], rec["v"].transpose(1, 2), atol=1e-5, rtol=1e-5)
+    assert tuple(got["blocks.1.attn.hook_k"].shape) == (2, 9, N_HEADS, D_QK)
+    torch.testing.assert_close(got["blocks.1.attn.hook_k"][..., :cfg.qk_nope_head_dim], k_nope, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got["blocks.1.attn.hook_v"], v, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got["blocks.1.attn.hook_z"], rec["z"].view(2, 9, N_HEADS, D_V), atol=1e-5, rtol=1e-5)
 
 
