@@ -8,14 +8,14 @@ import torch
 import headscope as hs
 from headscope.analyses.core.contract import model_reasons
 from headscope.errors import UnsupportedModelError
-from tests_support import build_tiny_model, hf_model, random_tokens
+from tests_support import hf_model, random_tokens
 
 N_HEADS, D_QK, D_V = 4, 20, 16  # tests_support's deepseek_v3: qk_nope 12 + qk_rope 8, v_head_dim 16
 
 
 @pytest.fixture(scope="module")
-def mla(tmp_path_factory):
-    path = build_tiny_model("deepseek_v3", tmp_path_factory.mktemp("mla") / "dsv3")
+def mla(deepseek_v3_dir):
+    path = deepseek_v3_dir
     return path, hs.load_model(str(path), dtype="float32"), hf_model(path).float()
 
 
