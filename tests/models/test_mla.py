@@ -118,6 +118,10 @@ def test_mla_refusals_are_one_line(mla):
         hs.attribution(model, "w1 w2 w3")
     with pytest.raises(UnsupportedModelError, match="^direct_logit_attribution: .*multi-head latent attention"):
         hs.direct_logit_attribution(model)
+    with pytest.raises(UnsupportedModelError, match="^direct_logit_attribution: .*multi-head latent attention"):
+        hs.direct_logit_attribution(model, top_kk=3)  # the model's refusal first, before its settings are read
+    with pytest.raises(UnsupportedModelError, match="^circuits: .*multi-head latent attention"):
+        circuits.run(model)
     tokens = random_tokens(1, 6)
     lens = hs.logit_lens(model, tokens)  # the lens reads only the residual stream: it runs on MLA
     assert len(lens.df)
