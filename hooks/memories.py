@@ -138,11 +138,9 @@ def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     are (DeepSeek's shared_experts, added ungated)."""
     router, experts, shared, shared_gate = _moe(model.bridge.blocks[layer].mlp)
     flat = x.reshape(-1, x.shape[-1])  # [N, d_model]
-    weights, chosen = _route(raw_module(model.bridge.blocks[layer].mlp), router, flat)  # [N, top_k] each
     up = experts.gate_up_proj  # [E, 2 d_e, d_model]
     n_experts = up.shape[0]
-    mix = torch.zeros(flat.shape[0], n_experts, dtype=flat.dtype, device=flat.device)  # [N, E] 0 where not chosen
-    mix.scatter_(1, chosen, weights.to(flat.dtype))
+    mix = moe_routing(model, layer, flat)["expert_weights"].to(flat.dtype)  # [N, E] 0 where not chosen
     parts = []
     for e in range(n_experts):
         gate, lin = torch.nn.functional.linear(flat, up[e]).chunk(2, dim=-1)  # [N, d_e] each

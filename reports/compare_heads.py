@@ -39,7 +39,6 @@ from headscope.reports.compare_run import (
 from headscope.reports.compare_top import refuses_to_rank, top_heads_notes
 from headscope.reports.findings import and_join, ci_pair
 from headscope.reports.plots import color_scale, fit_title, symmetric_bound
-from headscope.reports.plots_heads import pale_line
 from headscope.reports.pruning_words import line_name
 from headscope.reports.render import escape
 
@@ -386,6 +385,10 @@ def rounding_orderings(s: Mapping[str, Any]) -> set[str]:
     return {"gradient"} & degenerate | ({"ablation"} if degenerate & {"zero", "mean", "resample"} else set())
 
 
+# the overlay's legend for a pale ordering (rounding_orderings): plots_heads.pale_line's words, broken in two lines
+PALE_LABELS = {"gradient": "predicted loss changes under\nthe floor (pale)", "ablation": "rounding, not\na measurement (pale)"}
+
+
 def _pale_rounding(ax: Any, a: Run, b: Run) -> None:
     """A side's curves of an ordering its report calls rounding (rounding_orderings), drawn pale (MUTE towards white)
     and labelled so in the legend (review 15c C2: B's gradient curve drawn as a measurement)."""
@@ -402,9 +405,7 @@ def _pale_rounding(ax: Any, a: Run, b: Run) -> None:
             line.set_color((r * (1 - MUTE) + MUTE, g * (1 - MUTE) + MUTE, b_ * (1 - MUTE) + MUTE, alpha))
             line.set_markerfacecolor(line.get_color())
             line.set_markeredgecolor(line.get_color())
-            words = pale_line(label.split(": ", 1)[1])  # the same words as the report's pruning curve, two lines
-            line.set_label(f"{label}: " + words.replace(" (pale)", "").replace(" ", "\n", 1 + words.count(" ") // 2)
-                           .replace("\n", " ", words.count(" ") // 2) + " (pale)")
+            line.set_label(f"{label}: {PALE_LABELS[label.split(' (recomputed)')[0].split(': ', 1)[1]]}")
             changed = True
     if changed:
         ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))

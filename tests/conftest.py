@@ -117,6 +117,13 @@ def mixed_moe_dir(more_arch_dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def deepseek_v3_dir(tmp_path_factory):
+    """tests_support's "deepseek_v3" family as it is (multi-head latent attention, two dense layers, seed 0), built
+    once for the MLA tests (models/test_mla.py, analyses/test_kv_mla.py)."""
+    return build_tiny_model("deepseek_v3", tmp_path_factory.mktemp("dsv3") / "dsv3")
+
+
+@pytest.fixture(scope="session")
 def more_arch_models(more_arch_dirs):
     """arch -> HookedModel of more_arch_dirs(arch), loaded on first use and shared (tests must not modify them)."""
     import functools

@@ -32,9 +32,10 @@ def word_tokenizer():
 def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | None = None, **config) -> Path:
     """Save a random model of the family to `out`: "gpt2", "neox", "gptj", or the Llama-style "llama"
     (GQA), "qwen2" (biases on q, k and v), "mistral" and "qwen3" (q/k norms), "deepseek_v3" (multi-head latent
-    attention, dense MLPs unless first_k_dense_replace says otherwise); 2 layers unless `config`, which
-    overrides fields of the Hugging Face config, says otherwise; "granite" (Llama-style, embedding x12, residual
-    writes x0.22, attention scores x1/128, logits /8).
+    attention, dense MLPs unless first_k_dense_replace says otherwise; the MoE routers' e_score_correction_bias
+    drawn N(0, 0.1^2) so the choice's bias counts); 2 layers unless `config`, which overrides fields of the Hugging
+    Face config, says otherwise; "granite" (Llama-style, embedding x12, residual writes x0.22, attention scores
+    x1/128, logits /8). Matrices and stacked experts' weights are drawn N(0, 0.2^2).
 
     `tokenizer`: "word" (w0..w59, ids 4..63) or "qwen" (Qwen2's byte-level BPE, trained here).
     Default "word", except for qwen2: transformers always loads a Qwen2 checkpoint's tokenizer as
@@ -74,7 +75,8 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
                       residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0)
         make = transformers.GraniteForCausalLM, transformers.GraniteConfig
     elif family == "deepseek_v3":  # multi-head latent attention (MLA): q/k heads 12 + 8 rotary, v heads 16
-        fields = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        # (first_k_dense_replace=1 makes layer 1 a mixture of 4 routed experts of 16, top-2, + a shared expert of 16)
+        fields = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=16, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32,
                       qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4,
                       num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
@@ -98,10 +100,13 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
             if p.ndim == 2 and p.shape[0] == special["vocab_size"] > base:
                 p[:base].normal_(0.0, 0.2)
                 later.append(p)
-            elif p.ndim == 2:
+            elif p.ndim >= 2:
                 p.normal_(0.0, 0.2)
         for p in later:
             p[base:].normal_(0.0, 0.2)
+        for name, b in model.named_buffers():  # DeepSeek-V3's routers: the bias added for the choice only
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
     model.save_pretrained(out, safe_serialization=True)
     save_tokenizer(tok, out)
     return Path(out)

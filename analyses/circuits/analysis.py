@@ -163,6 +163,13 @@ def _refuse_encoder(model) -> None:
         raise ConfigError(f"the logit lens and DLA read next-token logits; {model.facts.name} is an encoder.")
 
 
+def _refuse_mla(model, name: str) -> None:
+    """DLA and edges on multi-head latent attention: NEEDS' one line (TransformerLens has no b_V on MLA, review 15d C1),
+    not its NotImplementedError, before any other check; the lens alone runs on MLA."""
+    if getattr(model.facts, "mla", None):
+        require(NEEDS, model, name)
+
+
 def _check(model, task: Task) -> None:
     _refuse_encoder(model)
     if task.answers is None:
@@ -464,9 +471,8 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
                              **config_overrides: Any) -> Result:
     """Direct logit attribution on `task` (see the module doc). df = table "dla_mean". config_overrides
     are fields of CircuitsConfig (top_k=5)."""
+    _refuse_mla(model, "direct_logit_attribution")
     config = configure(CircuitsConfig, config, config_overrides, name="direct_logit_attribution")
-    if getattr(model.facts, "mla", None):  # TL has no b_V on MLA (review 15d C1): one line, not its NotImplementedError
-        require(NEEDS, model, "direct_logit_attribution")
     _refuse_encoder(model)
     task = default_task(model, task, config)
     _, dla, logits, _, direction, experts = _collect(model, task, config, lens=False, dla=True)
@@ -494,9 +500,8 @@ def _expert_tables(experts: pd.DataFrame | None, dla: pd.DataFrame, summary: dic
 def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     """`headscope circuits`: the logit lens and DLA on one task from shared passes. df = "dla_mean";
     tables "lens", "dla", "dla_mean"; encoders give summary {"skipped": reason}."""
+    _refuse_mla(model, "circuits")
     config = config or CircuitsConfig.preset()
-    if getattr(model.facts, "mla", None):
-        require(NEEDS, model, "circuits")
     if model.facts.is_encoder:
         reason = f"{model.facts.name} is an encoder: the logit lens and DLA read next-token logits."
         return Result(name="circuits", df=pd.DataFrame(), summary={"skipped": reason}, config=asdict(config))

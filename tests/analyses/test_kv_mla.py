@@ -9,42 +9,29 @@ from headscope.analyses.kv.analysis import cache_anatomy
 from headscope.analyses.kv.eviction import eviction_sweep
 from headscope.reports.kv_words import _gqa
 
-MLA = dict(hidden_size=32, intermediate_size=32, moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-           num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4,
-           v_head_dim=8, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-           max_position_embeddings=64, rope_interleave=False)
+# the model: conftest's deepseek_v3_dir, tests_support's "deepseek_v3" (2 layers, 4 heads, kv_lora_rank 32, qk_rope 8,
+# qk_nope 12, v_head_dim 16, float32)
 
 
 @pytest.fixture(scope="module")
-def mla_dir(tmp_path_factory):
-    import tests_support
-
-    tests_support.MORE_ARCHITECTURES["dsv3_kv"] = (tests_support.word_tokenizer, "DeepseekV3ForCausalLM",
-                                                   "DeepseekV3Config", MLA)
-    try:
-        return tests_support.build_architecture("dsv3_kv", tmp_path_factory.mktemp("dsv3_kv"))
-    finally:
-        del tests_support.MORE_ARCHITECTURES["dsv3_kv"]
-
-
-@pytest.fixture(scope="module")
-def mla(mla_dir):
+def mla(deepseek_v3_dir):
     import headscope as hs
 
-    return hs.load_model(mla_dir, device="cpu")
+    return hs.load_model(deepseek_v3_dir, device="cpu")
 
 
 @pytest.fixture(scope="module")
-def hf(mla_dir):
-    from transformers import AutoModelForCausalLM
+def hf(deepseek_v3_dir):
+    from tests_support import hf_model
 
-    return AutoModelForCausalLM.from_pretrained(mla_dir, attn_implementation="eager").eval()
+    return hf_model(deepseek_v3_dir)
 
 
 def test_mla_cache_bytes_are_hf_cache_tensors(mla, hf):
     """Review 15d A2: headscope said 2 (K, V) x 4 heads x d_head per layer; HF's cache holds per layer the latent
-    (kv_lora_rank 8) and the roped key (4): 12 numbers, x 2 layers x 4 B (float32) = 96 B per token, read here off
-    HF's DynamicCache after a forward pass. The per-head K and V it expands to: 2 x 4 x (10 + 8) x 4 = 576 B."""
+    (kv_lora_rank 32) and the roped key (qk_rope 8): 40 numbers, x 2 layers x 4 B (float32) = 320 B per token, read
+    here off HF's DynamicCache after a forward pass. The per-head K and V it expands to, by hand from the config:
+    2 layers x 4 heads x (q/k 12 + 8, v 16) x 4 B = 1152 B."""
     from transformers import DynamicCache
 
     ids = torch.tensor([[4, 5, 6, 7, 8, 9]])
@@ -53,11 +40,11 @@ def test_mla_cache_bytes_are_hf_cache_tensors(mla, hf):
         hf(ids, past_key_values=cache, use_cache=True)
     per_token = sum(t[0, :, 0].numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     a = cache_anatomy(mla)
-    assert per_token == 96
+    assert per_token == 2 * (32 + 8) * 4 == 320
     assert a.bytes_per_token == per_token
     assert a.total(6) == sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
-    assert a.mha_bytes_per_token == 2 * 4 * (6 + 4 + 8) * 4 == 576
-    assert a.gqa_saving == pytest.approx(1 - 96 / 576)
+    assert a.mha_bytes_per_token == 2 * 4 * (12 + 8 + 16) * 4 == 1152
+    assert a.gqa_saving == pytest.approx(1 - 320 / 1152)
 
 
 def test_mla_cache_sentence_says_the_latent():

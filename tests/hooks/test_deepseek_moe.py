@@ -1,40 +1,24 @@
 """DeepSeek-V3's mixture of experts (review 15d A3, A4, C5): the ungated shared_experts among the memories, the router
-described as Hugging Face computes it, and the router sites computed where the bridge has no hook point. A random
-DeepseekV3ForCausalLM in float32 (2 layers, the first dense; 4 routed experts of 16 in 2 groups, 1 group chosen,
-top-2, routed_scaling_factor 2.5, one shared expert), built here (fmla may add the family to tests_support)."""
+described as Hugging Face computes it, and the router sites computed where the bridge has no hook point. tests_support's
+"deepseek_v3" in float32 with layer 1 a mixture of experts (first_k_dense_replace=1; 4 routed experts of 16 in 2
+groups, 1 group chosen, top-2, routed_scaling_factor 2.5, one shared expert of 16, the choice's bias drawn)."""
 
 import pytest
 import torch
 
 import headscope as hs
-from tests_support import hf_reference, random_tokens, save_tokenizer, word_tokenizer
+from tests_support import build_tiny_model, hf_reference, random_tokens
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "DeepseekV3ForCausalLM"):
     pytest.skip("transformers without DeepSeek-V3", allow_module_level=True)
 
+MOE = dict(first_k_dense_replace=1, n_group=2, routed_scaling_factor=2.5, norm_topk_prob=True)  # on the family's fields
+
 
 @pytest.fixture(scope="module")
 def dsv3_dir(tmp_path_factory):
-    tok = word_tokenizer()
-    ids = {n: tok.convert_tokens_to_ids(getattr(tok, n[:-3])) for n in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    torch.manual_seed(0)
-    config = transformers.DeepseekV3Config(
-        vocab_size=len(tok), **ids, hidden_size=64, intermediate_size=64, moe_intermediate_size=16,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, n_shared_experts=1, n_routed_experts=4,
-        routed_scaling_factor=2.5, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, v_head_dim=16,
-        qk_nope_head_dim=8, n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1,
-        norm_topk_prob=True, max_position_embeddings=64, tie_word_embeddings=False)
-    model = transformers.DeepseekV3ForCausalLM(config)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, 0.2)
-        model.model.layers[1].mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)  # the choice's bias counts
-    out = tmp_path_factory.mktemp("dsv3") / "dsv3"
-    model.save_pretrained(out, safe_serialization=True)
-    save_tokenizer(tok, out)
-    return out
+    return build_tiny_model("deepseek_v3", tmp_path_factory.mktemp("dsv3") / "dsv3", **MOE)
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +100,9 @@ def test_deepseek_routing_is_described_as_hf_computes_it(dsv3):
     routing = ("by sigmoid score plus e_score_correction_bias (for the choice only), within the best 1 of 2 expert "
                "groups; weights: the chosen experts' sigmoid scores renormalised to sum to 1, times "
                "routed_scaling_factor 2.5 (so they sum to 2.5)")
-    assert layout_clause(experts, 2, 64) == (f"layer 0: dense MLP (64); layer 1: mixture of experts (4 experts x 16, "
-                                             f"top-2 {routing}, + a shared expert of 16 (ungated))")
+    d_mlp = 128  # layer 0's dense MLP: the family's intermediate_size
+    assert layout_clause(experts, 2, d_mlp) == (f"layer 0: dense MLP (128); layer 1: mixture of experts (4 experts x "
+                                                f"16, top-2 {routing}, + a shared expert of 16 (ungated))")
     assert _weights(experts) == f" (the router picks its top-k experts {routing})"
     assert _shared_words(experts) == " (the shared expert's: its activation, ungated, on every token)."
-    assert "sum to 1)" not in layout_clause(experts, 2, 64)
+    assert "sum to 1)" not in layout_clause(experts, 2, d_mlp)

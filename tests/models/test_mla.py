@@ -8,14 +8,14 @@ import torch
 import headscope as hs
 from headscope.analyses.core.contract import model_reasons
 from headscope.errors import UnsupportedModelError
-from tests_support import build_tiny_model, hf_model, random_tokens
+from tests_support import hf_model, random_tokens
 
 N_HEADS, D_QK, D_V = 4, 20, 16  # tests_support's deepseek_v3: qk_nope 12 + qk_rope 8, v_head_dim 16
 
 
 @pytest.fixture(scope="module")
-def mla(tmp_path_factory):
-    path = build_tiny_model("deepseek_v3", tmp_path_factory.mktemp("mla") / "dsv3")
+def mla(deepseek_v3_dir):
+    path = deepseek_v3_dir
     return path, hs.load_model(str(path), dtype="float32"), hf_model(path).float()
 
 
@@ -118,6 +118,10 @@ def test_mla_refusals_are_one_line(mla):
         hs.attribution(model, "w1 w2 w3")
     with pytest.raises(UnsupportedModelError, match="^direct_logit_attribution: .*multi-head latent attention"):
         hs.direct_logit_attribution(model)
+    with pytest.raises(UnsupportedModelError, match="^direct_logit_attribution: .*multi-head latent attention"):
+        hs.direct_logit_attribution(model, top_kk=3)  # the model's refusal first, before its settings are read
+    with pytest.raises(UnsupportedModelError, match="^circuits: .*multi-head latent attention"):
+        circuits.run(model)
     tokens = random_tokens(1, 6)
     lens = hs.logit_lens(model, tokens)  # the lens reads only the residual stream: it runs on MLA
     assert len(lens.df)

@@ -81,7 +81,7 @@ def _pale(colour):
     return tuple(0.3 * c + 0.7 for c in colour[:3])
 
 
-def _heads(root, degenerate: bool):
+def _heads(root, degenerate: bool, ablation: bool = False):
     import pandas as pd
 
     io.write_json(root / "manifest.json", {"model": {"name": "m"}, "seed": 0, "config": {"analyses": ["heads"]}})
@@ -93,7 +93,7 @@ def _heads(root, degenerate: bool):
         "fraction_pruned": [0.0, 0.5, 1.0] * 2, "metric": [1.0, 0.9, 0.4, 1.0, 0.95, 0.4]}))
     io.write_json(root / "heads" / "summary.json", {"metric": "cosine", "baseline_metric": 1.0, "n_heads": 4, **(
         {"degenerate_gradient": "every head's |gradient importance| is below 0.016, under the numerical floor"}
-        if degenerate else {})})
+        if degenerate else {}), **({"degenerate_zero": "every head's |zero importance| is under the floor"} if ablation else {})})
     return Run(root)
 
 
@@ -135,6 +135,29 @@ def test_rounding_gradient_is_drawn_pale_in_compare_and_the_pruning_curve(tmp_pa
     assert any(max(abs(x - y) for x, y in zip(d, _pale(first))) < 1e-9 for d in drawn)  # the gradient line, pale
     assert tuple(first) not in drawn  # and nowhere at full colour
     plt.close(fig)
+
+
+def test_pale_overlay_legend_breaks_its_labels_between_words(tmp_path):
+    """The overlay's legend for B's gradient and ablation orderings, both rounding by B's report: the pruning curve's
+    words (pale_line) in two lines, broken after a word; ablation's as before 986d333 ("rounding, not a\nmeasurement"
+    came of a chain of replaces that counted spaces)."""
+    import matplotlib.pyplot as plt
+
+    from headscope.reports.compare_heads import pruning_section
+    from headscope.reports.plots_heads import pale_line
+
+    made = []
+    real = plt.subplots
+    try:  # the overlay's figure, kept to read its legend
+        plt.subplots = lambda *x, **k: made.append(real(*x, **k)) or made[-1]
+        pruning_section(_heads(tmp_path / "a", False), _heads(tmp_path / "b", True, ablation=True))
+    finally:
+        plt.subplots = real
+    texts = [t.get_text() for t in made[0][1].get_legend().get_texts()]
+    pale = ["B: gradient: predicted loss changes under\nthe floor (pale)", "B: ablation: rounding, not\na measurement (pale)"]
+    assert [t for t in texts if t.startswith("B: ")] == pale and "A: ablation" in texts
+    assert [t.split(": ", 2)[2].replace("\n", " ") for t in pale] == [pale_line("gradient"), pale_line("ablation")]
+    plt.close("all")
 
 
 def test_a_rounding_difference_is_judged_against_the_lower_dtypes_recorded_rounding_step(tmp_path):
