@@ -69,7 +69,7 @@ from headscope.analyses.attribution.inputs import (
 from headscope.analyses.attribution.permutation import permute_attention, saturation
 from headscope.analyses.attribution.summary import _summary, attention_window, rounding_summary, tau_tables
 from headscope.analyses.core.config import AnalysisConfig, configure
-from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads, require
+from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
 from headscope.analyses.core.mask_read import mask_metric, mask_read
 from headscope.analyses.core.metrics import answer_logprob, logit_diff
 from headscope.analyses.core.result import Result, names_source
@@ -84,8 +84,7 @@ METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
-NEEDS = Needs(answers=True, what="attributes the answer's score to the input tokens",
-              mla="attribution runs on multi-head and grouped-query attention")
+NEEDS = Needs(answers=True, what="attributes the answer's score to the input tokens")
 ENCODER_METRIC = ("cosine of each prompt's mean-pooled embedding with the next sampled prompt's (the last prompt's "
                   "with the first's), which saliency, gradient x input and integrated gradients differentiate with "
                   "respect to the embedding layer's output at each token (word + position + token-type embeddings, "
@@ -179,8 +178,6 @@ def attribution(
     tau_summary, tau_by_layer, tau_by_head, permutation, ig.
     """
     cfg = configure(AttributionConfig, config, config_overrides, name="attribution")
-    if getattr(model.facts, "mla", None):
-        require(NEEDS, model, "attribution")  # multi-head latent attention: one line (review 15d C1)
     if not isinstance(task, Task):
         task = default_task(model, task, cfg)
     setup = _setup(model, task, cfg, reference)

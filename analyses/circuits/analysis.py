@@ -15,7 +15,8 @@
   their bootstrap intervals over examples (mib_cpr_ci, mib_cmd_ci, mib_n_examples), edges_parallel_blocks (each MLP
   reads its block's input: no same-layer head -> MLP edge; the graph figure draws it beside its heads), and
   edges_n_examples (the clean/corrupted pairs they ran on: a user's pair of two token lengths is left out, counted in
-  pairs_left_out with its file row numbers in pairs_left_out_rows).
+  pairs_left_out with its file row numbers in pairs_left_out_rows). On multi-head latent attention the edges are
+  not run (summary edges_skipped, MLA_EDGES); the lens and DLA are.
 
 Default task: the zoo "ioi" task on zoo models, IOI over the tokenizer's single-token names
 on other decoders (repeated random tokens where there are too few); encoders are skipped by
@@ -62,7 +63,7 @@ from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
 from headscope.analyses.core import chance
 from headscope.analyses.core.config import AnalysisConfig, configure
-from headscope.analyses.core.contract import Needs, Reads, one_token_answers, require
+from headscope.analyses.core.contract import Needs, Reads, one_token_answers
 from headscope.analyses.core.metrics import noise_floor
 from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
@@ -83,9 +84,10 @@ _CHUNK_BYTES = 256 * 2**20  # a pass's output logits and captured states held at
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
-NEEDS = Needs(answers=True, decoder=True, what="reads next-token logits (logit lens, direct logit attribution)",
-              mla=("its direct logit attribution and edges run on multi-head and grouped-query attention; "
-                   "hs.logit_lens runs on MLA"))
+NEEDS = Needs(answers=True, decoder=True, what="reads next-token logits (logit lens, direct logit attribution)")
+# why edges stay off on MLA, in the finding's words ("... were not run: <this>")
+MLA_EDGES = ("the model uses multi-head latent attention, whose heads' keys and values all come from one shared latent, "
+             "so the edge graph's per-head k/v receivers do not exist; the logit lens and DLA above are unaffected.")
 
 
 def reads(model, config: Any = None, summary: Any = None) -> Reads:
@@ -161,13 +163,6 @@ def default_task(model, task=None, config: CircuitsConfig | None = None) -> Task
 def _refuse_encoder(model) -> None:
     if model.facts.is_encoder:
         raise ConfigError(f"the logit lens and DLA read next-token logits; {model.facts.name} is an encoder.")
-
-
-def _refuse_mla(model, name: str) -> None:
-    """DLA and edges on multi-head latent attention: NEEDS' one line (TransformerLens has no b_V on MLA, review 15d C1),
-    not its NotImplementedError, before any other check; the lens alone runs on MLA."""
-    if getattr(model.facts, "mla", None):
-        require(NEEDS, model, name)
 
 
 def _check(model, task: Task) -> None:
@@ -471,7 +466,6 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
                              **config_overrides: Any) -> Result:
     """Direct logit attribution on `task` (see the module doc). df = table "dla_mean". config_overrides
     are fields of CircuitsConfig (top_k=5)."""
-    _refuse_mla(model, "direct_logit_attribution")
     config = configure(CircuitsConfig, config, config_overrides, name="direct_logit_attribution")
     _refuse_encoder(model)
     task = default_task(model, task, config)
@@ -500,7 +494,6 @@ def _expert_tables(experts: pd.DataFrame | None, dla: pd.DataFrame, summary: dic
 def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     """`headscope circuits`: the logit lens and DLA on one task from shared passes. df = "dla_mean";
     tables "lens", "dla", "dla_mean"; encoders give summary {"skipped": reason}."""
-    _refuse_mla(model, "circuits")
     config = config or CircuitsConfig.preset()
     if model.facts.is_encoder:
         reason = f"{model.facts.name} is an encoder: the logit lens and DLA read next-token logits."
@@ -516,7 +509,9 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
                "n_layers": model.facts.n_layers,
                "moe_layers": hooks.moe_layers(model)}
     tables = {"lens": lens, "dla": dla, "dla_mean": mean, **_expert_tables(experts, dla, summary)}
-    if config.edges and task.corrupted_tokens is not None:  # edge attribution and faithfulness
+    if config.edges and task.corrupted_tokens is not None and getattr(model.facts, "mla", None):
+        summary["edges_skipped"] = MLA_EDGES
+    elif config.edges and task.corrupted_tokens is not None:  # edge attribution and faithfulness
         from headscope.analyses.circuits.faithfulness import circuit_discovery
 
         try:

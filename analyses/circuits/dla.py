@@ -27,6 +27,9 @@ value biases folded into b_O, centred unembedding), on the unprocessed model:
   with the norm's scale frozen at the value it had on the whole attention output, w * r_h / s
   (RMSNorm(x) = w * x / rms(x)), so the heads sum to the normed attention output and attn_bias
   holds only the normed b_O (0 for Gemma 2). hook_mlp_out is already the normed MLP output.
+- multi-head latent attention (DeepSeek-V2/V3): hook_z is o_proj's input split by v_head_dim and W_O the head's
+  columns of o_proj, so each head row is exact; its values come from a normed latent, so no value bias is
+  subtracted (attn_bias is o_proj's bias alone, 0 without one).
 - "remainder" is whatever of the stream the listed writers do not sum to (0 up to rounding
   for GPT-2, Llama and NeoX blocks), so the rows always sum to the final logit (difference).
 - a linear scale of the logits (`facts.logit_scale`: Granite's 1 / logits_scaling, Cohere's logit_scale)
@@ -94,6 +97,8 @@ def _value_bias(model, layer: int) -> torch.Tensor | None:
     Attention weights sum to 1, so it reaches the output as a constant; TransformerLens folds it
     into b_O (fold_ln then fold_value_biases). GQA's KV-head vectors are repeated per query head;
     None when the layer has neither bias."""
+    if getattr(model.facts, "mla", None):  # MLA: values are kv_b_proj(RMSNorm(latent)), no constant part
+        return None
     block = model.bridge.blocks[layer]
     attn = block.attn
     const = None
@@ -119,7 +124,7 @@ def attn_bias_parts(model) -> dict | None:
     head's row leaves out (its position-independent values through W_O: "b_V", "ln1's bias through W_V"),
     "b_O": whether the attention has an output bias}; None where no head has such a term (post-norm blocks
     included: there attn_bias is the normed b_O alone)."""
-    if post_norms(model):
+    if post_norms(model) or getattr(model.facts, "mla", None):  # MLA: no position-independent values (_value_bias)
         return None
     value, has_b_o = [], False
     for block in model.bridge.blocks:

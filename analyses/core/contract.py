@@ -51,9 +51,7 @@ class Needs:
       family's data, not a prompt/answer task (`takes_own_records`);
     continuation: it scores answers of several tokens by their whole continuation (Task.continuation:
       the metric reads the last k positions); False: it reads one next-token answer at the last position;
-    what: what it does, for messages ("measures next-token answers");
-    mla: where it cannot read multi-head latent attention's per-head q/k/v (rotary split, K/V from a latent), what
-      it supports instead (the reason names both); None: it runs on MLA.
+    what: what it does, for messages ("measures next-token answers").
     """
 
     answers: bool = True
@@ -73,7 +71,6 @@ class Needs:
     own_records: Callable[[Any, str, Any], str | None] | None = None
     continuation: bool = False
     what: str = ""
-    mla: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,10 +111,6 @@ def model_reasons(needs: Needs, model: Any, task: Any = None, config: Any = None
     if needs.decoder and facts.is_encoder:
         why = f": it {needs.what}" if needs.what else ""
         return [f"{facts.name} is an encoder and this analysis needs a decoder{why}"]
-    if needs.mla and getattr(facts, "mla", None):
-        return [f"{facts.name} uses multi-head latent attention (MLA: q/k heads {facts.mla['d_head_qk']} wide with a "
-                f"rotary part, K/V expanded from a latent of {facts.mla['kv_lora_rank']}), which this analysis does not "
-                f"support; {needs.mla}"]
     reasons = _default_data_reasons(needs, model)
     if reasons and task is not None and takes_own_records(needs, task) and not task_reasons(needs, task, model, config):
         return []

@@ -396,8 +396,7 @@ def _trace_task(model, task, n_examples: int, seed: int):
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=True, corrupted=True, decoder=True, continuation=True,
-              what="patches between clean and corrupted runs and measures next-token answers",
-              mla="patching runs on multi-head and grouped-query attention")
+              what="patches between clean and corrupted runs and measures next-token answers")
 
 
 def default_task(model, task=None, config: PatchingConfig | None = None) -> Task:

@@ -70,6 +70,11 @@ def _weights(attn, component: str) -> tuple[torch.Tensor, torch.Tensor | None]:
 def _check_receivers(model, receivers, component: str) -> list[Head]:
     if component not in COMPONENTS:
         raise ConfigError(f"Unknown component {component!r}; path patching reaches a receiver's {COMPONENTS} input.")
+    if getattr(model.facts, "mla", None):  # TransformerLens has no W_Q/W_K/W_V on MLA: one line, not its NotImplementedError
+        raise ConfigError(f"Path patching into a receiver's {component} recomputes it from the receiver's input through "
+                          f"W_Q/W_K/W_V, and {model.facts.name} uses multi-head latent attention (q, k and v from "
+                          "latents through norms, no per-head matrices): patch paths to the logits instead "
+                          "(receivers='logits').")
     n = model.facts.n_kv_heads if component in ("k", "v") else model.facts.n_heads
     out = []
     for layer, head in receivers:

@@ -8,7 +8,10 @@
     k, v                                (layer, kv_head)    hook_k / hook_v (n_kv_heads under GQA)
     pattern                             (layer, head)       blocks.L.attn.hook_pattern, all queries
 
-A head's output is z_h @ W_O[h], so patching z_h patches exactly that head's output.
+A head's output is z_h @ W_O[h], so patching z_h patches exactly that head's output. On multi-head latent
+attention (DeepSeek-V3) hook_q/k/v are the per-head tensors that enter attention (the bridge computes attention
+from them) and z is o_proj's input split by v_head_dim, so every type is exact there too; a k cell patches that
+head's whole key, the rotary part that MLA shares across heads included, for that head only.
 
 resid_mid: TransformerLens 4.3's bridge aliases hook_resid_mid to ln2.hook_in, so a patch there
 changes only the MLP's input, not the residual stream that skips the MLP (and

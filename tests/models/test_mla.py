@@ -1,5 +1,5 @@
 """Multi-head latent attention (DeepSeek-V3, review 15d A1/A5/C1/C4): facts, per-head sites and head ablation
-checked against plain Hugging Face (hooks on o_proj's input, expand_kv's outputs); one-line refusals."""
+checked against plain Hugging Face (hooks on o_proj's input, expand_kv's outputs); what stays refused, in one line."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,6 @@ import torch
 
 import headscope as hs
 from headscope.analyses.core.contract import model_reasons
-from headscope.errors import UnsupportedModelError
 from tests_support import hf_model, random_tokens
 
 N_HEADS, D_QK, D_V = 4, 20, 16  # tests_support's deepseek_v3: qk_nope 12 + qk_rope 8, v_head_dim 16
@@ -103,28 +102,27 @@ def test_mla_head_results_sum_to_o_proj(mla):
     torch.testing.assert_close(result, hand, atol=1e-5, rtol=1e-5)
 
 
-def test_mla_refusals_are_one_line(mla):
-    """attribution, patching and DLA refuse MLA in one named line, planned before any pass; heads runs."""
+def test_mla_runs_every_family_and_refuses_only_edges_in_one_line(mla):
+    """attribution, patching and circuits run on MLA (no contract reason: tests/analyses/test_mla_circuits_patching.py
+    checks their numbers against HF); what still needs per-head q/k/v weights is refused in one named line: path
+    patching into a head's q/k/v, and circuits' edges (the lens and DLA kept)."""
     from headscope.analyses import attribution, circuits, patching
+    from headscope.analyses.core.tasks import Task
+    from headscope.errors import ConfigError
 
     _, model, _ = mla
-    expected = (f"{model.facts.name} uses multi-head latent attention (MLA: q/k heads 20 wide with a rotary part, K/V "
-                f"expanded from a latent of 32), which this analysis does not support; attribution runs on multi-head "
-                f"and grouped-query attention")
-    assert model_reasons(attribution.FAMILY.needs, model) == [expected]
-    for family in (patching, circuits):
-        assert len(model_reasons(family.FAMILY.needs, model)) == 1
-    with pytest.raises(UnsupportedModelError, match="^attribution: .*multi-head latent attention"):
-        hs.attribution(model, "w1 w2 w3")
-    with pytest.raises(UnsupportedModelError, match="^direct_logit_attribution: .*multi-head latent attention"):
-        hs.direct_logit_attribution(model)
-    with pytest.raises(UnsupportedModelError, match="^direct_logit_attribution: .*multi-head latent attention"):
-        hs.direct_logit_attribution(model, top_kk=3)  # the model's refusal first, before its settings are read
-    with pytest.raises(UnsupportedModelError, match="^circuits: .*multi-head latent attention"):
-        circuits.run(model)
-    tokens = random_tokens(1, 6)
-    lens = hs.logit_lens(model, tokens)  # the lens reads only the residual stream: it runs on MLA
-    assert len(lens.df)
+    for family in (attribution, patching, circuits):
+        assert model_reasons(family.FAMILY.needs, model) == []
+    tokens = random_tokens(2, 7)
+    corrupted = tokens.clone()
+    corrupted[:, 2] = random_tokens(2, 7, seed=3)[:, 2]
+    task = Task(name="rand", tokens=tokens[:, :-1], answers=tokens[:, -1], wrong_answers=tokens[:, 1],
+                corrupted_tokens=corrupted[:, :-1])
+    with pytest.raises(ConfigError, match="^Path patching into a receiver's k .* multi-head latent attention"):
+        hs.path_patching(model, task, receivers=[(1, 0)], component="k")
+    res = circuits.run(model, task, circuits.CircuitsConfig(quick=True))
+    assert res.summary["edges_skipped"] == circuits.analysis.MLA_EDGES and "edges" not in res.tables
+    assert {"lens", "dla"} <= set(res.tables) and res.summary["dla_reconstruction_ok"]
 
 
 def test_mla_head_importance_zero_matches_hf(mla):
