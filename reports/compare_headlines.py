@@ -239,7 +239,7 @@ def mlp_apart(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
 
 def _holding_words(e: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
     """A kv policy's holding headline as its finding states it: 'from 8 positions (a median 30% of the cache)',
-    'not shown to hold (its means within from 16)', 'never within', 'not shown either way' (kv_words.missed_words),
+    'not shown to hold (its means within from 16)', 'never within', 'not shown either way' (kv_policy_words.missed_words),
     'no budget evicts'; a budget held only by the rounding floor with its reason (review 13b C1)."""
     at = e.get("at")
     if isinstance(at, Mapping) and at.get("budget") is not None:
@@ -250,7 +250,7 @@ def _holding_words(e: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> 
     if e.get("consistent_from") is not None:
         return f"not shown to hold (its means within from {e['consistent_from']})"
     if e.get("worst_evicting") is not None:  # review 14bv B1: "never" only where every interval lies outside the band
-        from headscope.reports.kv_words import missed_words
+        from headscope.reports.kv_policy_words import missed_words
 
         hold = (s or {}).get("holding_budgets")
         words = missed_words(e, float((hold if isinstance(hold, Mapping) else {}).get("tolerance") or 0.01))
@@ -275,7 +275,7 @@ def _rounding_reason(row: Mapping[str, Any], s: Mapping[str, Any]) -> str:
     (0.074)' for a holding row held by the rounding floor (holding.py's rounding_miss), else ''."""
     if not (_number(row.get("rounding_miss")) and _number(row.get("rounding_floor"))):
         return ""
-    from headscope.reports.kv_words import SHORT_UNITS
+    from headscope.reports.kv_numbers import SHORT_UNITS
 
     unit = SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")
     return (f"up to {s.get('dtype') or 'the model dtype'} rounding: its 95% CI passes the band by "
@@ -349,7 +349,7 @@ def _change_words(s: Mapping[str, Any], r: Mapping[str, Any]) -> str:
     """What a closest row's change is, as the kv finding says it (review 14b-v C4: "keeps 87.4%" said neither of what
     nor that it fell): '-12.6% of the span from chance to the full cache' where the band's basis is that span (a
     log-probability), else 'keeps 66.9% of the full-cache logit difference'."""
-    from headscope.reports.kv_words import _pc
+    from headscope.reports.kv_numbers import _pc
 
     hold = s.get("holding_budgets") if isinstance(s.get("holding_budgets"), Mapping) else {}
     if hold.get("basis") == "span":
@@ -361,7 +361,7 @@ def _closest_words(s: Mapping[str, Any], policy: str, tied: list[str]) -> str:
     """'window at budget 16: -12.6% of the span from chance to the full cache (95% CI of the change [-34.8%, +9.6%],
     n = 16; 8/16 answers correct (full cache 5/16); it loses 2 of the 5 answers the full cache gets)', with the
     answers lost as the kv finding states them (holding's per-prompt `lost`) and its tie."""
-    from headscope.reports.kv_words import _answers
+    from headscope.reports.kv_numbers import _answers
 
     r = _closest_row(s, policy)
     ci = (f"95% CI of the change [{100 * r['ci_low']:+.1f}%, {100 * r['ci_high']:+.1f}%], "
@@ -385,9 +385,9 @@ def _apart(s: Mapping[str, Any], mine: str, other: str) -> bool | None:
 
 def _kv_closest_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
     """Review 13c A3: where neither kv finding has a policy within the band, each ends on the policy closest to the
-    full cache (kv_words.closest_policies); compare lists those choices: the same (or tied), or a difference judged
+    full cache (kv_policy_words.closest_policies); compare lists those choices: the same (or tied), or a difference judged
     within each run: within noise where, in each run, the other run's choice's interval overlaps its own choice's."""
-    from headscope.reports.kv_words import closest_policies
+    from headscope.reports.kv_policy_words import closest_policies
 
     got = []
     for s in (sa, sb):
@@ -504,7 +504,7 @@ def _kv_size_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
     """Review 14b-v C2: the kv finding's first numbers, "The KV cache takes 1.5 KiB per token (float32), 192.0 KiB at full
     context", compared: an exact count (no sampling noise, no interval), the same or a difference, said to be the
     dtype's (a setting, not the model) where the byte counts differ exactly as the dtypes' sizes do."""
-    from headscope.reports.kv_words import _bytes
+    from headscope.reports.kv_cache_words import _bytes
 
     per = [s.get("bytes_per_token") for s in (sa, sb)]
     if not any(_number(x) for x in per):

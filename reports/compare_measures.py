@@ -255,10 +255,10 @@ def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", na
 
 def norm_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "") -> list[str]:
     """The kv finding's first-key norm ratio per layer (its `key_norm_ratios` records: each prompt's ratio, mean over
-    the prompts with its 95% t interval; kv_words._norm_sentence) compared layer by layer by those intervals; layers
+    the prompts with its 95% t interval; kv_cache_words._norm_sentence) compared layer by layer by those intervals; layers
     the finding leaves out (keys normalised before caching) are left out here too; an older summary's ratios
     (sink_key_norm_ratio_per_layer, no interval) are not compared."""
-    from headscope.reports.kv_words import reported_norm_layers
+    from headscope.reports.kv_cache_words import reported_norm_layers
 
     rows = []
     for s in (sa, sb):

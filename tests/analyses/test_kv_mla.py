@@ -7,7 +7,7 @@ import torch
 
 from headscope.analyses.kv.analysis import cache_anatomy
 from headscope.analyses.kv.eviction import eviction_sweep
-from headscope.reports.kv_words import _gqa
+from headscope.reports.kv_cache_words import _gqa
 
 MLA = dict(hidden_size=32, intermediate_size=32, moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
            num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4,
@@ -133,7 +133,8 @@ def test_misses_are_said_in_the_metrics_units():
     import pandas as pd
 
     from headscope.analyses.kv.holding import holding_budgets
-    from headscope.reports.kv_words import _misses, _with_units
+    from headscope.reports.kv_numbers import _with_units
+    from headscope.reports.kv_policy_words import _misses
 
     rows = []
     for e, (d4, d8) in enumerate([(-2.9, -2.4), (-3.1, -2.6), (-3.0, -2.5), (-3.0, -2.5)]):
