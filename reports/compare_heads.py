@@ -14,7 +14,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.analyses.core.chance import metric_ci
-from headscope.reports.compare_headlines import n_words
+from headscope.reports.compare_notes import n_words
 from headscope.reports.compare_prunable import interval_heads, precision_words, verdict_words
 from headscope.reports.compare_run import (
     NO_INTERVAL,

@@ -180,7 +180,8 @@ def _layers_note(label: str, ra: dict, rb: dict, value: str, unit: str, differ: 
     """Per-layer records (value, ci, n) of A and B judged layer by layer by their recorded 95% intervals
     (noise_verdict): beyond noise where any layer is, naming those and the others within; within noise in every
     layer; not compared where an interval is missing, the runs' layers differ or `differ` says why."""
-    from headscope.reports.compare_headlines import NOT_STATED, _n_text
+    from headscope.reports.compare_headlines import NOT_STATED
+    from headscope.reports.compare_notes import _n_text
 
     if not (ra and rb):
         return [NOT_COMPARED + f"{label}: not compared: only {'A' if ra else 'B'}'s report states it."] if ra or rb \

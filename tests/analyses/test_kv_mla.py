@@ -99,7 +99,7 @@ def test_mla_heavy_hitters_keep_one_set_per_layer_as_a_cropped_hf_cache(mla, hf)
 def test_compare_counts_the_mla_latent_cache():
     """Review 15d B1: compare's "exact count" is of the cache the model holds: the review's model, 3 layers x (32 + 8)
     numbers x 2 B = 240 B per token in bfloat16 (30 KiB at 128 positions), 480 B in float32."""
-    from headscope.reports.compare_headlines import _kv_size_note
+    from headscope.reports.compare_notes import _kv_size_note
 
     side = lambda per, dtype: {"bytes_per_token": per, "bytes_at_n_ctx": 128 * per, "dtype": dtype, "latent": [32, 8]}  # noqa: E731
     latent = " (one MLA latent of 32 + 8 numbers a layer, as the model's cache holds it)"

@@ -2441,7 +2441,7 @@ def test_mlp_control_verdict_and_its_sentence_read_one_level(monkeypatch):
     from scipy.stats import fisher_exact
 
     from headscope.analyses.core import chance
-    from headscope.reports.compare_headlines import VERDICTS
+    from headscope.reports.compare_verdicts import VERDICTS
     from headscope.reports.plots_mlp import control_layers
 
     counts, control = {"0": 4, "1": 18, "2": 13, "3": 12}, {"0": 7, "1": 10, "2": 8, "3": 1}
