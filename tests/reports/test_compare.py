@@ -2153,7 +2153,7 @@ def test_importance_correlation_states_its_n_and_fisher_interval():
 def test_random_order_counts_are_judged_by_their_seed_spread(tmp_path):
     """Review 14a C5: a random order's counts over 1-2 seeds were the page's only "difference". Now fewer than 5 seeds
     are not compared; from 5 on, overlapping seed ranges are within the spread and disjoint ones a difference."""
-    from headscope.reports.compare_heads import _random_note
+    from headscope.reports.compare_pruning import _random_note
 
     def run(side, seeds):
         return _one(tmp_path / side, "heads", {"n_heads": 8, "prunable_ci_random": {"per_seed_heads": seeds}})
