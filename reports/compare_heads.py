@@ -73,9 +73,9 @@ def _head_se(run: Run, method: str) -> pd.DataFrame | None:
 
 def gradient_rounding(run: Run) -> float | None:
     """The share of its own size within which `run`'s gate gradients are rounding: the summary's
-    rounding_relative_gradient (GRADIENT_TIE_STEPS eps of the dtype the gradients ran in, analysis.numerical_checks),
+    rounding_relative_gradient (GRADIENT_TIE_STEPS eps of the dtype the gradients ran in, numerics.numerical_checks),
     else the same from the manifest's dtype (older reports); None where neither says."""
-    from headscope.analyses.heads.analysis import GRADIENT_TIE_STEPS  # the analysis's own tie rule
+    from headscope.analyses.heads.numerics import GRADIENT_TIE_STEPS  # the analysis's own tie rule
 
     rel = (run.summary("heads") or {}).get("rounding_relative_gradient")
     if _number(rel):

@@ -716,7 +716,7 @@ def test_compare_mutes_gradient_differences_by_each_gradients_own_rounding_not_a
                                                                   if k != "rounding_relative_gradient"})
         m = io.read_json(tmp_path / side / "manifest.json")
         io.write_json(tmp_path / side / "manifest.json", {**m, "config": {**m["config"], "dtype": "bfloat16"}})
-    from headscope.analyses.heads.analysis import GRADIENT_TIE_STEPS
+    from headscope.analyses.heads.numerics import GRADIENT_TIE_STEPS
 
     np.testing.assert_allclose(noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "gradient", raw=True)[0],
                                want * GRADIENT_TIE_STEPS / 4)  # the analysis's constant x 2^-7 of each |g|
