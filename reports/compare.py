@@ -29,13 +29,13 @@ from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
 from headscope.reports.compare_aligned import aligned_note, aligned_pairs, same_slots
 from headscope.reports.compare_figures import FIGURE_CSS, figures_section
-from headscope.reports.compare_headlines import headline_notes, n_words
-from headscope.reports.compare_heads import (  # noqa: F401 (importance_figure, pruning_notes: the page's parts, tested)
+from headscope.reports.compare_headlines import headline_notes
+from headscope.reports.compare_heads import (  # noqa: F401 (importance_figure: the page's part, tested)
     importance_figure,
     importance_section,
-    pruning_notes,
-    pruning_section,
 )
+from headscope.reports.compare_notes import n_words
+from headscope.reports.compare_pruning import pruning_notes, pruning_section  # noqa: F401 (pruning_notes: tested)
 from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read by the tests through this module)
     NATURAL_RANGE,
     NO_INTERVAL,

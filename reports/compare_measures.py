@@ -180,7 +180,8 @@ def _layers_note(label: str, ra: dict, rb: dict, value: str, unit: str, differ: 
     """Per-layer records (value, ci, n) of A and B judged layer by layer by their recorded 95% intervals
     (noise_verdict): beyond noise where any layer is, naming those and the others within; within noise in every
     layer; not compared where an interval is missing, the runs' layers differ or `differ` says why."""
-    from headscope.reports.compare_headlines import NOT_STATED, _n_text
+    from headscope.reports.compare_headlines import NOT_STATED
+    from headscope.reports.compare_notes import _n_text
 
     if not (ra and rb):
         return [NOT_COMPARED + f"{label}: not compared: only {'A' if ra else 'B'}'s report states it."] if ra or rb \
@@ -255,10 +256,10 @@ def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", na
 
 def norm_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "") -> list[str]:
     """The kv finding's first-key norm ratio per layer (its `key_norm_ratios` records: each prompt's ratio, mean over
-    the prompts with its 95% t interval; kv_words._norm_sentence) compared layer by layer by those intervals; layers
+    the prompts with its 95% t interval; kv_cache_words._norm_sentence) compared layer by layer by those intervals; layers
     the finding leaves out (keys normalised before caching) are left out here too; an older summary's ratios
     (sink_key_norm_ratio_per_layer, no interval) are not compared."""
-    from headscope.reports.kv_words import reported_norm_layers
+    from headscope.reports.kv_cache_words import reported_norm_layers
 
     rows = []
     for s in (sa, sb):

@@ -1,4 +1,4 @@
-"""The prunable verdicts for `headscope compare` (compare_heads.pruning_notes): two runs can remove the same number of
+"""The prunable verdicts for `headscope compare` (compare_pruning.pruning_notes): two runs can remove the same number of
 heads while their heads findings say different things of it, because the verdict rests on the count's bootstrap
 interval (one that reaches 0 heads is "no evidence that any head is dispensable": reports/pruning_words.py) and on
 whether the count sits on its 1% line (fragile). Where the verdicts differ the page says so and why: both

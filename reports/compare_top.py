@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from headscope.analyses.core.chance import mean_interval, t_quantile
-from headscope.reports.compare_headlines import n_words
+from headscope.reports.compare_notes import n_words
 from headscope.reports.compare_run import (
     NOT_COMPARED,
     SAME,

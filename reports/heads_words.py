@@ -113,7 +113,7 @@ def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
     """The first heads of a fixed pruning order that tie within rounding (tied_first_pruned_<method>: runs
     of tied neighbours; review 8b A2: which goes first swapped between float32 and bfloat16, and the count's
     interval with it). "the count's interval can depend on it" only for a run that can move the count
-    (tied_first_pruned_moves_<method>, analysis.tie_reach; review 9a A4.3: not of heads removed as a set before the
+    (tied_first_pruned_moves_<method>, numerics.tie_reach; review 9a A4.3: not of heads removed as a set before the
     deciding step); a summary without it says so of every run."""
     groups = [g for g in s.get(f"tied_first_pruned_{method}") or [] if isinstance(g, list) and len(g) > 1]
     values = s.get(f"tied_first_pruned_values_{method}") or []
@@ -247,7 +247,7 @@ def _inner_ties(s: Mapping[str, Any], method: str) -> list[int]:
 def _first_close_words(s: Mapping[str, Any], method: str) -> str:
     """The first heads of the ablation order within each other's standard errors (close_first_pruned_<method>),
     unless a rounding tie already starts the order (review 8b A2: in float32 the first two are 0.005 apart with
-    standard errors 0.12 and 0.31, so which goes first is not measured either); its moves_count (analysis.tie_reach)
+    standard errors 0.12 and 0.31, so which goes first is not measured either); its moves_count (numerics.tie_reach)
     False: the count cannot depend on their order."""
     if (start_of_order(s, method) or ("",))[0] != "close":  # none, or a rounding tie starts the order
         return ""

@@ -20,7 +20,7 @@ import seaborn as sns
 from matplotlib.ticker import NullLocator
 
 from headscope.reports.findings import int_ranges, int_span
-from headscope.reports.kv_words import _span2
+from headscope.reports.kv_cache_words import _span2
 from headscope.reports.kv_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.plots import LAYERS, axes, fit_labels, laid_out, quiet_reason, thin_xtick_labels
 

@@ -20,6 +20,7 @@ from headscope.analyses.core.tasks import Task
 from headscope.analyses.heads import analysis as heads
 from headscope.analyses.heads import importance as hi
 from headscope.analyses.heads import l0 as heads_l0
+from headscope.analyses.heads import numerics
 from headscope.analyses.heads import pruning as hp
 from headscope.analyses.heads.roles import head_roles, repeated_random_tokens
 from headscope.errors import ConfigError
@@ -147,7 +148,8 @@ def test_contrastive_gradients_on_an_encoder_equal_finite_differences(tiny_bert)
 
 
 def test_numerical_floor_flags_rounding_and_ties_hand_worked():
-    from headscope.analyses.heads.analysis import noise_floor, numerical_checks
+    from headscope.analyses.core.metrics import noise_floor
+    from headscope.analyses.heads.numerics import numerical_checks
 
     assert noise_floor(torch.float32, 0.5) == 2.0 ** -23  # one step of a number of size 1 (a cosine of 0.5 counts as 1)
     assert noise_floor(torch.bfloat16, -24.0) == 2.0 ** -7 * 24.0
@@ -194,7 +196,7 @@ def test_numerical_checks_name_ties_at_the_start_of_the_pruning_order_and_past_t
     (-0.1719, -0.1406, -0.1094: 0.031 apart), while the 3rd (-0.2773) is 0.16 and 0.106 from its neighbours;
     the gradient's 5th and 6th heads (0.4910, 0.4821: 0.0089 < 4 x 2^-7 x 0.4910 = 0.0153) tie across the
     top-5 edge, and the 6th is named with the 5th."""
-    from headscope.analyses.heads.analysis import numerical_checks
+    from headscope.analyses.heads.numerics import numerical_checks
 
     zero = torch.tensor([[2.86, -0.4492, -0.2773, 10.16], [1.26, 0.2852, -0.1406, -0.1719],
                          [-0.4375, 0.8125, -0.1094, 0.0273]])  # [3 layers, 4 heads]
@@ -225,7 +227,7 @@ def test_bfloat16_ablation_ties_grow_with_the_ablated_metric():
     0.078), heads whose ablated metrics are -300 and -299.1 round to one bfloat16 value, so their importances (310,
     309.1: 0.9 apart) must tie; -300 and -295 (5 apart, two distinct bfloat16 values) must not. Heads near the
     baseline keep the floor (0.5 and 0.3: 0.2 apart, no tie)."""
-    from headscope.analyses.heads.analysis import numerical_checks
+    from headscope.analyses.heads.numerics import numerical_checks
 
     bf = torch.bfloat16
     assert torch.tensor([-300.0, -299.1]).to(bf).unique().numel() == 1  # one bfloat16 value: not told apart
@@ -258,7 +260,7 @@ def test_a_log_probability_tie_grows_with_its_1_minus_p_not_past_the_logits_size
     """Review 15cv B1: an answer log-probability's rounding is its logits' times 1 - p, so a floor measured at the
     unpruned answers (p = 0.997) does not hold for ablated log-probabilities up to the logits' size (13): at p = e^-1
     plain bfloat16 logits move log p by far more. Closed form: the floor times (1 - e^-S) / (1 - p_unpruned)."""
-    from headscope.analyses.heads.analysis import ablation_tie, numerical_checks
+    from headscope.analyses.heads.numerics import ablation_tie, numerical_checks
 
     g = torch.Generator().manual_seed(0)
     z = torch.randn(64, 506, generator=g, dtype=torch.float64) * 4  # [rows, vocab], the answer is token 0
@@ -293,7 +295,7 @@ def test_separate_top_ties_stay_apart_and_tie_reach_finds_the_ties_that_can_move
     runs, not one of four. The ablation order removes 1 head a step (12 heads, step 0.1): its count 4 is decided at
     the 5th point, so the 2nd-4th run (points 2 and 3 change) cannot move it and the 5th/6th run (point 5)
     can; the gradient's 2nd/3rd tie (point 2) lies past its count's deciding point (count 0, interval 0-0)."""
-    from headscope.analyses.heads.analysis import numerical_checks, tie_reach
+    from headscope.analyses.heads.numerics import numerical_checks, tie_reach
     from headscope.analyses.heads.pruning import prune_counts
 
     zero = torch.tensor([[0.0, 0.02, 0.03, 0.04], [0.34, 0.2734, 0.0508, 0.0586],
@@ -348,7 +350,7 @@ def test_bfloat16_importance_floor_covers_its_rounding_and_not_the_effects(tiny_
     assert s16["rounding_floor_source"]["zero"] == "measured"  # null ablations (analyses/heads/rounding.py)
     assert diff["zero"].max() < s16["rounding_floor_zero"] < got["f32"]["zero"].abs().max() / 10  # it covers them too
     g = got["f32"]["gradient"].abs()
-    assert (diff["gradient"] < heads.GRADIENT_TIE_STEPS * eps * g + floor).all() and floor < g.max() / 10
+    assert (diff["gradient"] < numerics.GRADIENT_TIE_STEPS * eps * g + floor).all() and floor < g.max() / 10
 
 
 def test_bfloat16_gradient_rounding_is_bounded_by_the_examples_largest_gradient_not_each_ones_own(tiny_dirs, tiny_models):
@@ -366,7 +368,7 @@ def test_bfloat16_gradient_rounding_is_bounded_by_the_examples_largest_gradient_
     scale = per.groupby("example")["effect"].max().mean()  # E_x max_h |dL_x/d xi_h| in float32
     s = r16.summary
     assert s["rounding_gradient_scale"] == pytest.approx(scale, rel=0.05)
-    analytic = heads.GRADIENT_TIE_STEPS * 2.0 ** -7 * s["rounding_gradient_scale"]  # where nothing is measured
+    analytic = numerics.GRADIENT_TIE_STEPS * 2.0 ** -7 * s["rounding_gradient_scale"]  # where nothing is measured
     err = (g16 - g32[g16.index]).abs()
     assert (err > 4 * 2.0 ** -7 * g32[g16.index].abs()).any()  # the old rule: 4 eps of each head's own size
     assert (err <= analytic).all()
@@ -409,7 +411,7 @@ def test_bfloat16_gradient_rounding_is_measured_against_float32_arithmetic_by_ha
     own = torch.tensor(s["rounding_gradient_heads"], dtype=torch.float64)  # [L, H]
     assert torch.allclose(own, (got.mean(-1) - want.mean(-1)).abs(), rtol=1e-3, atol=1e-6)
     assert check["max_mean_error"] == pytest.approx(float((got - want).abs().mean(-1).max()), rel=1e-3, abs=1e-6)
-    assert s["rounding_gradient"] < heads.GRADIENT_TIE_STEPS * 2.0 ** -7 * s["rounding_gradient_scale"]
+    assert s["rounding_gradient"] < numerics.GRADIENT_TIE_STEPS * 2.0 ** -7 * s["rounding_gradient_scale"]
     imp = got.mean(-1).flatten()
     names = [f"L{i // n_heads}H{i % n_heads}" for i in range(imp.numel())]
     value = dict(zip(names, imp.tolist()))
@@ -430,7 +432,7 @@ def test_gradient_ties_do_not_chain_past_the_band():
     grid = torch.zeros(3, 6)
     for name, v in zip(names, values):
         grid[int(name[1]), int(name[3])] = v
-    out = heads.numerical_checks({"gradient": grid}, torch.bfloat16, metric_size=1.0, k=5, scale=0.515,
+    out = numerics.numerical_checks({"gradient": grid}, torch.bfloat16, metric_size=1.0, k=5, scale=0.515,
                            gradient_check={"floor": 0.01, "n_examples": 16, "exact": True})
     assert out["rounding_gradient"] == 0.01 and out["rounding_gradient_source"] == "measured"
     assert out["tied_top_groups_gradient"] == [["L0H5", "L2H1"], ["L2H1", "L2H2", "L0H3"], ["L0H3", "L1H0"]]
@@ -477,16 +479,16 @@ def test_gradient_degeneracy_floor_follows_the_measured_gradient_rounding_hand_w
     size 2 on a bfloat16 pass: its own step is 2 x 2^-23; gradients of 1e-5 under a measured rounding of 4e-5 are
     rounding (said as the gradients' own rounding), gradients of 0.01 are not, whatever bfloat16's step of the loss."""
     check = {"floor": 4e-5, "n_examples": 16, "of": 16, "exact": True}
-    low = heads.numerical_checks({"gradient": torch.full((2, 2), 1e-5)}, torch.bfloat16, metric_size=1.0,
+    low = numerics.numerical_checks({"gradient": torch.full((2, 2), 1e-5)}, torch.bfloat16, metric_size=1.0,
                                  loss_size=2.0, scale=0.03, gradient_check=check, loss_dtype=torch.float32)
     assert low["noise_floor_gradient"] == 2 * 2.0 ** -23 and low["rounding_floor_gradient"] == 4e-5
     assert ("under the numerical floor 4e-05 (the gate gradients' own rounding, measured against float32)"
             in low["degenerate_gradient"])
-    high = heads.numerical_checks({"gradient": torch.tensor([[0.01, 0.007], [0.004, 0.002]])}, torch.bfloat16,
+    high = numerics.numerical_checks({"gradient": torch.tensor([[0.01, 0.007], [0.004, 0.002]])}, torch.bfloat16,
                                   metric_size=1.0, loss_size=2.0, scale=0.03, gradient_check=check,
                                   loss_dtype=torch.float32)
     assert "degenerate_gradient" not in high and high["rounding_floor_gradient"] == 4e-5
-    old = heads.numerical_checks({"gradient": torch.tensor([[0.01, 0.007], [0.004, 0.002]])}, torch.bfloat16,
+    old = numerics.numerical_checks({"gradient": torch.tensor([[0.01, 0.007], [0.004, 0.002]])}, torch.bfloat16,
                                  metric_size=1.0, loss_size=2.0, scale=0.03, gradient_check=check)
     assert old["noise_floor_gradient"] == 2 * 2.0 ** -7  # a loss computed in bfloat16 keeps bfloat16's step
 
@@ -1419,11 +1421,11 @@ def test_per_example_gate_gradients_equal_one_backward_per_example_in_plain_hf(t
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
     else:
-        bound = heads.GRADIENT_TIE_STEPS * float(torch.finfo(dtype).eps) * want.amax((0, 1))  # [n] per example
+        bound = numerics.GRADIENT_TIE_STEPS * float(torch.finfo(dtype).eps) * want.amax((0, 1))  # [n] per example
         assert ((got - want).abs() <= bound).all()
     # compare's B - A band for gradients: GRADIENT_TIE_STEPS eps of the dtype (of the examples' largest gradient)
     step = 2.0 ** (-23 if dtype == torch.float32 else -7)
-    assert result.summary["rounding_relative_gradient"] == heads.GRADIENT_TIE_STEPS * step
+    assert result.summary["rounding_relative_gradient"] == numerics.GRADIENT_TIE_STEPS * step
     top = result.summary["top_head_gradient"]
     order = torch.argsort(got.mean(-1).flatten(), descending=True)
     first, second = (int(order[0]) // n_heads, int(order[0]) % n_heads), (int(order[1]) // n_heads, int(order[1]) % n_heads)
@@ -1494,7 +1496,7 @@ def test_a_log_probability_floor_is_the_logit_step_times_one_minus_p():
     and an answer at p = 1 / (1 + e^-5 + e^-6) carries 1 - p = 0.009133 of it. Rounding every logit by up to half a
     step (random signs, float64) moves log p by that floor, up to second order in the step; the old floor, 0.0794, tied heads
     0.034, 0.028 and 0.0095 apart that float32 separates the same way, and called gradients of 0.0017 rounding."""
-    from headscope.analyses.heads.analysis import numerical_checks, rounding_step
+    from headscope.analyses.heads.numerics import numerical_checks, rounding_step
 
     step = 2.0 ** -7 * 10.16
     logits = torch.tensor([10.16, 5.16, 4.16], dtype=torch.float64)
@@ -1529,7 +1531,7 @@ def test_gradient_pruning_ties_use_each_heads_own_measured_rounding():
     err = (bf16 - f32).abs()  # [L, H] each head's measured rounding of its mean
     norm = bf16 / bf16.norm(dim=1, keepdim=True)  # the layer-normalised pruning order
     check = {"floor": float(err.max()), "heads": err.tolist(), "n_examples": 16, "of": 16, "exact": True}
-    out = heads.numerical_checks({"gradient": bf16}, torch.bfloat16, metric_size=12.0, k=5, scale=0.94,
+    out = numerics.numerical_checks({"gradient": bf16}, torch.bfloat16, metric_size=12.0, k=5, scale=0.94,
                                  pruning={"gradient": norm}, gradient_check=check)
     assert out["rounding_gradient"] == pytest.approx(0.0017267, abs=1e-6)  # compare's band keeps the largest
     assert out["rounding_gradient_heads"][1][2] == pytest.approx(0.0000783, abs=1e-6)
@@ -1538,7 +1540,7 @@ def test_gradient_pruning_ties_use_each_heads_own_measured_rounding():
     # the same pair a hundredth apart in float32's terms ties: L1H3 moved to 0.0265 (gap 0.0002 raw, 0.0013 scaled)
     close = bf16.clone()
     close[1, 3] = 0.0265
-    out = heads.numerical_checks({"gradient": close}, torch.bfloat16, metric_size=12.0, k=5, scale=0.94,
+    out = numerics.numerical_checks({"gradient": close}, torch.bfloat16, metric_size=12.0, k=5, scale=0.94,
                                  pruning={"gradient": close / close.norm(dim=1, keepdim=True)}, gradient_check=check)
     assert out["tied_first_pruned_gradient"] == [["L1H2", "L1H3"]]
     assert set(out["rounding_gradient_roles"]) == {"rounding_floor_gradient", "noise_floor_gradient",
@@ -1550,7 +1552,7 @@ def test_a_degenerate_gradient_with_measured_rounding_names_both_floors():
     """Every gradient under the analytic floor (2^-7 x 10 = 0.078) while the float32 check measured 0.0001: the
     sentence names the analytic floor as such and the measured precision as the gradients' own (the old code formatted
     its words string as a number here and raised ValueError)."""
-    out = heads.numerical_checks({"gradient": torch.full((2, 2), 6e-4)}, torch.bfloat16, metric_size=10.0, scale=6e-4,
+    out = numerics.numerical_checks({"gradient": torch.full((2, 2), 6e-4)}, torch.bfloat16, metric_size=10.0, scale=6e-4,
                                  gradient_check={"floor": 1e-4, "heads": [[1e-4] * 2] * 2, "n_examples": 8, "of": 8,
                                                  "exact": True})
     assert "under the numerical floor 0.078 (analytic: one rounding step of the loss it differentiates" in \

@@ -331,7 +331,7 @@ def test_holding_allows_the_metrics_rounding_floor_past_the_band():
 
     # review 13b C1: where the verdict's own budget holds by rounding, its sentence leads with it (the criterion
     # names the allowance, the reason sits inside the verdict's parenthesis), and compare's flip says why
-    from headscope.reports.compare_headlines import _verdict_notes
+    from headscope.reports.compare_verdicts import _verdict_notes
 
     rows = [r for r in rows if r["policy"] == "full"] + [
         {"policy": "heavy_hitters", "budget": b, "example": e, "context": 30, "metric": 8.0 + d[e] if d else 8.0}

@@ -7,7 +7,7 @@ import torch
 
 from headscope.analyses.kv.analysis import cache_anatomy
 from headscope.analyses.kv.eviction import eviction_sweep
-from headscope.reports.kv_words import _gqa
+from headscope.reports.kv_cache_words import _gqa
 
 # the model: conftest's deepseek_v3_dir, tests_support's "deepseek_v3" (2 layers, 4 heads, kv_lora_rank 32, qk_rope 8,
 # qk_nope 12, v_head_dim 16, float32)
@@ -86,7 +86,7 @@ def test_mla_heavy_hitters_keep_one_set_per_layer_as_a_cropped_hf_cache(mla, hf)
 def test_compare_counts_the_mla_latent_cache():
     """Review 15d B1: compare's "exact count" is of the cache the model holds: the review's model, 3 layers x (32 + 8)
     numbers x 2 B = 240 B per token in bfloat16 (30 KiB at 128 positions), 480 B in float32."""
-    from headscope.reports.compare_headlines import _kv_size_note
+    from headscope.reports.compare_notes import _kv_size_note
 
     side = lambda per, dtype: {"bytes_per_token": per, "bytes_at_n_ctx": 128 * per, "dtype": dtype, "latent": [32, 8]}  # noqa: E731
     latent = " (one MLA latent of 32 + 8 numbers a layer, as the model's cache holds it)"
@@ -120,7 +120,8 @@ def test_misses_are_said_in_the_metrics_units():
     import pandas as pd
 
     from headscope.analyses.kv.holding import holding_budgets
-    from headscope.reports.kv_words import _misses, _with_units
+    from headscope.reports.kv_numbers import _with_units
+    from headscope.reports.kv_policy_words import _misses
 
     rows = []
     for e, (d4, d8) in enumerate([(-2.9, -2.4), (-3.1, -2.6), (-3.0, -2.5), (-3.0, -2.5)]):

@@ -158,7 +158,7 @@ def test_kv_never_within_needs_every_interval_outside_the_band():
     within 1%" for an interval that covers the whole band. By hand: 6 prompts at logit difference 10 (band 0.1 logits);
     window at 16 changes them by -3, +1, -2, +0.8, -1.5, +0.5 (mean -0.7, scipy's t interval covering +-0.1): it cannot
     tell; at 4 every prompt falls about 5 (clear of the band); heavy hitters falls about 2 at 16 and 5 at 4: never."""
-    from headscope.reports.compare_headlines import _holding_words, _verdict_notes
+    from headscope.reports.compare_verdicts import _holding_words, _verdict_notes
 
     full = [10.0] * 6
     at4 = [-5.0, -5.2, -4.8, -5.1, -4.9, -5.0]

@@ -716,7 +716,7 @@ def test_compare_mutes_gradient_differences_by_each_gradients_own_rounding_not_a
                                                                   if k != "rounding_relative_gradient"})
         m = io.read_json(tmp_path / side / "manifest.json")
         io.write_json(tmp_path / side / "manifest.json", {**m, "config": {**m["config"], "dtype": "bfloat16"}})
-    from headscope.analyses.heads.analysis import GRADIENT_TIE_STEPS
+    from headscope.analyses.heads.numerics import GRADIENT_TIE_STEPS
 
     np.testing.assert_allclose(noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "gradient", raw=True)[0],
                                want * GRADIENT_TIE_STEPS / 4)  # the analysis's constant x 2^-7 of each |g|
@@ -1657,7 +1657,8 @@ def test_compare_lists_every_headline_of_either_report(tmp_path):
     Differences, agreement or Not compared: here, each label the two reports' findings state is in some note."""
     from scipy.stats import fisher_exact
 
-    from headscope.reports.compare_headlines import QUANTITIES, VERDICTS
+    from headscope.reports.compare_headlines import QUANTITIES
+    from headscope.reports.compare_verdicts import VERDICTS
     from headscope.reports.findings import finding
     from headscope.reports.plots_mlp import ALPHA
 
@@ -1691,7 +1692,8 @@ def test_compare_lists_every_headline_of_either_report(tmp_path):
     # token and its attention on the first token were in no list. Hand-made numbers, intervals by scipy's t.
     from scipy import stats
 
-    from headscope.reports.compare_headlines import SINK_LABEL, SINK_VERDICT, SIZE_LABEL
+    from headscope.reports.compare_headlines import SINK_LABEL, SINK_VERDICT
+    from headscope.reports.compare_notes import SIZE_LABEL
 
     def sink(layer, mass, half, is_sink):
         return {"layer": layer, "mass": mass, "ci": [mass - half, mass + half], "n": 16, "uniform": 0.11,
@@ -1748,7 +1750,7 @@ def test_compare_lists_the_policy_each_kv_finding_ends_on_with_its_tie_and_noise
     (changes -0.3306 and -0.3314 at budget 16, n 128), B's on heavy hitters, 92.1% (n 16). compare said neither; now the
     choice is listed, the same up to A's tie. Against a B whose heavy hitters clears its window (intervals apart) and an
     A without the tie: a difference, judged within each run's own intervals (hand-picked numbers)."""
-    from headscope.reports.compare_headlines import _verdict_notes
+    from headscope.reports.compare_verdicts import _verdict_notes
     from headscope.reports.findings import finding
 
     def row(budget, change, lo, hi, n):
@@ -2151,7 +2153,7 @@ def test_importance_correlation_states_its_n_and_fisher_interval():
 def test_random_order_counts_are_judged_by_their_seed_spread(tmp_path):
     """Review 14a C5: a random order's counts over 1-2 seeds were the page's only "difference". Now fewer than 5 seeds
     are not compared; from 5 on, overlapping seed ranges are within the spread and disjoint ones a difference."""
-    from headscope.reports.compare_heads import _random_note
+    from headscope.reports.compare_pruning import _random_note
 
     def run(side, seeds):
         return _one(tmp_path / side, "heads", {"n_heads": 8, "prunable_ci_random": {"per_seed_heads": seeds}})
@@ -2180,7 +2182,7 @@ def test_settings_list_a_budget_change_only_where_the_changes_differ(tmp_path):
 def test_compare_kv_closest_policy_says_what_its_change_is_a_share_of_and_the_answers_it_loses():
     """Review 14b-v C4: compare said "A window keeps 87.4% at budget 16" where the kv finding says "-12.6% of the span"
     (from chance to the full cache, a log-probability) and "loses 2 of the 5 answer(s)". Hand-made row: now both."""
-    from headscope.reports.compare_headlines import _verdict_notes
+    from headscope.reports.compare_verdicts import _verdict_notes
     from headscope.reports.findings import finding
 
     row = {"budget": 16, "change": -0.126, "ci_low": -0.348, "ci_high": 0.096, "n_evicting": 16, "n_examples": 16,

@@ -105,7 +105,8 @@ def test_rounding_gradient_is_drawn_pale_in_compare_and_the_pruning_curve(tmp_pa
     import seaborn as sns
     from matplotlib.colors import to_rgba
 
-    from headscope.reports.compare_heads import importance_figure, pruning_section
+    from headscope.reports.compare_heads import importance_figure
+    from headscope.reports.compare_pruning import pruning_section
     from headscope.reports.plots_heads import pruning_figure
 
     a, b = _heads(tmp_path / "a", False), _heads(tmp_path / "b", True)
@@ -143,7 +144,7 @@ def test_pale_overlay_legend_breaks_its_labels_between_words(tmp_path):
     came of a chain of replaces that counted spaces)."""
     import matplotlib.pyplot as plt
 
-    from headscope.reports.compare_heads import pruning_section
+    from headscope.reports.compare_pruning import pruning_section
     from headscope.reports.plots_heads import pale_line
 
     made = []

@@ -1441,7 +1441,7 @@ def test_kv_says_what_each_policy_keeps_and_evicts_in_the_runs_numbers():
     ranged = finding("kv", {**s, "context_range": [9, 12]})
     assert ("window at budget 8 keeps the 8 newest positions and evicts the oldest of each prompt's 9 to 12 positions "
             "(up to 4)") in ranged
-    from headscope.reports.kv_words import _drops
+    from headscope.reports.kv_policy_words import _drops
 
     holds = {"policies": {"heavy_hitters": {"budget": 2, "at": {"budget": 2}}}}  # within the band at 2
     assert _drops(s, holds) == ("Heavy hitters is H2O's policy (the newest half of its budget, the rest the older "
@@ -1476,7 +1476,7 @@ def test_kv_states_heavy_hitters_split_and_what_a_missing_policy_evicts():
                                           "with no recent window (a run before headscope kept H2O's recent window): the "
                                           "newest positions, seen by the fewest queries, go first") in old, old
     assert "with no recent window: the newest positions" in finding("kv", {**s, "recent_share": 0.0})
-    from headscope.reports.kv_words import _drops
+    from headscope.reports.kv_policy_words import _drops
 
     holds = {"policies": {"heavy_hitters": {"budget": 4, "at": {"budget": 4}}}}  # within the band: its split alone
     assert _drops({"recent_share": 0.5}, holds) == ("Heavy hitters is H2O's policy (the newest half of its budget, the "
@@ -2441,7 +2441,7 @@ def test_mlp_control_verdict_and_its_sentence_read_one_level(monkeypatch):
     from scipy.stats import fisher_exact
 
     from headscope.analyses.core import chance
-    from headscope.reports.compare_headlines import VERDICTS
+    from headscope.reports.compare_verdicts import VERDICTS
     from headscope.reports.plots_mlp import control_layers
 
     counts, control = {"0": 4, "1": 18, "2": 13, "3": 12}, {"0": 7, "1": 10, "2": 8, "3": 1}
