@@ -288,7 +288,7 @@ def test_same_seed_gives_byte_identical_pngs_across_processes(model_dir, figures
              for seed in ("1", "2")]
     outs = []
     for proc in procs:
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = proc.communicate(timeout=600)  # a hang guard, not a speed test: two full runs on shared cores
         assert proc.returncode == 0, stderr[-3000:]
         outs.append(json.loads(stdout.strip().splitlines()[-1]))
     first, second = outs
