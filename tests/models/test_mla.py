@@ -195,3 +195,26 @@ def test_mla_attention_scale_is_hf_scaling(mla):
     facts = {**vars(model.facts), "attention_scale": yarn}
     assert scalings_clause(facts) == (", scalings: attention scores x0.289901 (not 1/sqrt(20), the q/k head width) "
                                       "(the circuits and mlp numbers include them)")
+
+
+def test_mla_sites_rows_say_what_the_cache_holds(mla, capsys):
+    """16v-C2: `headscope sites` called hook_rot_k "what the KV cache stores", [batch, pos, kv_head, d_head]; on MLA it
+    is one rotary key of qk_rope_head_dim (8) shared by all heads, and HF's cache holds it beside the normed latent
+    of kv_lora_rank (32). The rows are checked whole; the printed rot_k shape against a capture."""
+    from headscope.cli import main
+
+    path, model, hf = mla
+    assert main(["-q", "sites", "--model", str(path), "--device", "cpu"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  blocks.1.attn")}
+    cfg = hf.config
+    rope, latent, qk = cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    assert rows["blocks.1.attn.hook_rot_k"] == (
+        f"  {'blocks.1.attn.hook_rot_k':<40} {f'[batch, pos, 1, {rope}]':<36} the rotary key after RoPE, one shared "
+        f"by all heads; the KV cache stores it and the normed latent ({latent} wide), not per-head keys")
+    assert rows["blocks.1.attn.hook_k"] == (
+        f"  {'blocks.1.attn.hook_k':<40} {f'[batch, pos, head, {qk}]':<36} per-head keys: 12 numbers expanded from "
+        f"the cached latent, then the {rope} of the shared rotary key; not cached")
+    assert "what the KV cache stores" not in "".join(rows.values())
+    got = hs.capture(model, random_tokens(2, 5), [hs.site("rot_k", 1), hs.site("k", 1)])
+    assert tuple(got[hs.site("rot_k", 1)].shape) == (2, 5, 1, rope)
+    assert tuple(got[hs.site("k", 1)].shape) == (2, 5, N_HEADS, qk)
