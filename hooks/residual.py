@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from headscope.errors import ConfigError, HeadscopeWarning
+from headscope.hooks.memories import expert_layout, mlp_memories
 
 
 def slice_axis(t: torch.Tensor, sl: Any, dim: int) -> torch.Tensor:
@@ -85,6 +86,16 @@ def _check_scale_shape(stack: torch.Tensor, scale: torch.Tensor, pos_slice: Any)
         f"match the norm scale's {list(scale.shape[:-1])} (pos_slice={pos_slice!r}); a stack sliced to some "
         f"positions needs the same pos_slice (e.g. pos_slice=-1 for stack[:, :, -1])."
     )
+
+
+def _neuron_labels(layer: int, mem, n_routed: int | None) -> list[str]:
+    """TransformerLens's "L{l}N{i}" for a dense MLP (n_routed None); on a mixture of experts of
+    n_routed routed experts "L{l}E{e}N{i}" for expert e's neuron i and "L{l}SN{i}" for the shared
+    expert's (memories' expert index n_routed), in the memories' order."""
+    if n_routed is None:
+        return [f"L{layer}N{i}" for i in range(mem.values.shape[0])]
+    return [f"L{layer}SN{i}" if e == n_routed else f"L{layer}E{e}N{i}"
+            for e, i in zip(mem.expert.tolist(), mem.neuron.tolist())]
 
 
 class CacheHabits:
@@ -162,7 +173,10 @@ class CacheHabits:
         """The stream into `layer` (its MLP with mlp_input; None / -1: the unembedding) as every
         head's result ("L0H0", ...), every neuron's (post-activation x its W_out row, "L0N0", ...;
         each layer's mlp_out with expand_neurons=False, "0_mlp_out"), "embed", "pos_embed", and
-        "bias": [components, batch, pos, d_model], in TransformerLens's order and labels.
+        "bias": [components, batch, pos, d_model], in TransformerLens's order and labels. On a
+        mixture of experts the neurons are the memories of hooks.memories (every routed expert's,
+        router weight included, "L1E0N0", ..., then the shared expert's, "L1SN0", ...), which sum
+        to the MoE block's output.
 
         "bias" is the rest of the stream (the attention output biases, and the MLP output biases
         when neurons are expanded; 0 up to rounding for bias-free models): computed as the stream
@@ -180,9 +194,11 @@ class CacheHabits:
                 model = self._needs_model("Neuron results (mlp.hook_post x W_out)")
                 for l in range(stop):
                     post = slice_axis(self["mlp_post", l], pos_slice, -2)  # [batch, pos, d_mlp]
-                    w_out = model.bridge.blocks[l].mlp.W_out.detach().to(device=post.device, dtype=post.dtype)
+                    mem = mlp_memories(model, l)  # values [d_mlp, d_model]: W_out's rows, or every expert's
+                    w_out = mem.values.detach().to(device=post.device, dtype=post.dtype)
                     comps.append((post.unsqueeze(-1) * w_out).movedim(-2, 0))  # [d_mlp, batch, pos, d_model]
-                    labels += [f"L{l}N{i}" for i in range(w_out.shape[0])]
+                    layout = expert_layout(model, l)
+                    labels += _neuron_labels(l, mem, None if layout is None else layout.n_experts)
             else:
                 mlp, mlp_labels = self.decompose_resid(stop, mlp_input=mlp_input, mode="mlp", incl_embeds=False,
                                                        pos_slice=pos_slice, return_labels=True)

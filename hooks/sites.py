@@ -72,6 +72,24 @@ SITES: dict[str, SiteKind] = {
                                doc="the experts each token chose (router's top k)", flat=True),
 }
 
+def describe_site(kind: str, mla: dict | None = None) -> tuple[str, str]:
+    """(shape, doc) of a site kind for the sites table; on multi-head latent attention (ModelFacts.mla) the
+    q/k/v/rot sites' true widths and what the cache holds (HF's DeepseekV3Attention caches the normed latent and
+    the one roped key, and expands per-head K/V from them; review 16v C2)."""
+    if not mla or kind not in ("q", "k", "v", "rot_q", "rot_k"):
+        return SITES[kind].shape, SITES[kind].doc
+    qk, rope, v, latent = mla["d_head_qk"], mla["d_head_rope"], mla["d_head_v"], mla["kv_lora_rank"]
+    return {
+        "q": (f"[batch, pos, head, {qk}]", f"queries ({qk - rope} unrotated + {rope} rotary)"),
+        "k": (f"[batch, pos, head, {qk}]", f"per-head keys: {qk - rope} numbers expanded from the cached latent, "
+                                           f"then the {rope} of the shared rotary key; not cached"),
+        "v": (f"[batch, pos, head, {v}]", "per-head values expanded from the cached latent; not cached"),
+        "rot_q": (f"[batch, pos, head, {rope}]", "the queries' rotary part after RoPE"),
+        "rot_k": (f"[batch, pos, 1, {rope}]", f"the rotary key after RoPE, one shared by all heads; the KV cache "
+                                              f"stores it and the normed latent ({latent} wide), not per-head keys"),
+    }[kind]
+
+
 COMPUTED = {"result"}  # sites headscope computes rather than reads from a hook point
 ROUTER_SITES = ("expert_weights", "expert_indices")  # where the bridge has no such hook point (DeepSeek-V3's router):
 # computed by headscope from the MLP's input with Hugging Face's router (hooks.memories.moe_routing, review 15d C5)

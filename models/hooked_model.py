@@ -9,6 +9,7 @@ trained LM head, and TransformerLens gives BERT a random one).
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ class ModelFacts:
     logit_scale: float = 1.0  # logits = logit_scale * (final normed stream @ W_U + b_U), before any soft-cap
     residual_scale: float = 1.0  # each block's attention and MLP output x this before the residual add
     embed_scale: float = 1.0  # the token embedding x this before the first block
-    attention_scale: float | None = None  # the scores' scale where the config sets one (else 1/sqrt(d_head))
+    attention_scale: float | None = None  # the scores' scale where not 1/sqrt(d_head): the config's, or MLA's (q/k width)
     # Multi-head latent attention (DeepSeek-V2/V3: the config has kv_lora_rank): q/k heads d_head_qk wide
     # (qk_nope + qk_rope_dim rotary), v heads and z d_head (= v_head_dim) wide, K/V expanded from a kv_lora_rank
     # latent, q from a q_lora_rank one (None: q projected directly). All None on other attention.
@@ -155,10 +156,22 @@ def _residual_scale(bridge: Any) -> float:
 
 
 def _attention_multiplier(bridge: Any) -> float | None:
-    """The config's attention score scale where it sets one (Granite's attention_multiplier), else None."""
+    """The attention score scale where it is not 1/sqrt(d_head): the config's (Granite's attention_multiplier);
+    on multi-head latent attention (review 16v A1: d_head is v's width there) qk_head_dim^-0.5, times mscale^2
+    where a non-default rope sets mscale_all_dim (DeepSeek's YaRN: mscale = 0.1 mscale_all_dim ln(factor) + 1 for
+    factor > 1); else None."""
     config = getattr(getattr(bridge, "original_model", None), "config", None)
     value = getattr(config, "attention_multiplier", None)
-    return float(value) if isinstance(value, (int, float)) else None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if getattr(config, "kv_lora_rank", None) is None:
+        return None
+    scale = float(config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    mscale_all_dim, factor = rope.get("mscale_all_dim") or 0, float(rope.get("factor") or 1.0)
+    if rope.get("rope_type", rope.get("type", "default")) != "default" and mscale_all_dim and factor > 1:
+        scale *= (0.1 * float(mscale_all_dim) * math.log(factor) + 1.0) ** 2
+    return scale
 
 
 # The hook-free pass behind a plain `model(tokens)` and on-demand attention patterns. It lives in

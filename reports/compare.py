@@ -442,16 +442,20 @@ FIT_CSS = (".side{table-layout:fixed;width:100%}.side th:first-child{width:9em}.
 def failed_notes(a: Run, b: Run, names: list[str]) -> list[str]:
     """Review 15d C2: an analysis with a result in neither run (failed in both, or failed in one and not run in the
     other) was named only in the findings table; the page's summary lists it under Not compared, with each run's
-    reason ("heads: failed in both: RuntimeError: ..."; one reason said once where both runs give it)."""
+    reason ("heads: failed in both: RuntimeError: ..."; "patching: skipped in both: ..."; one reason said once where
+    both runs give it, review 16v C3)."""
     notes = []
     for name in names:
         if a.summary(name) is not None or b.summary(name) is not None:
             continue
         why = [run.why_blank(name).rstrip(".") for run in (a, b)]
-        if all(w.startswith("failed") for w in why):
-            reasons = [w.removeprefix("failed").lstrip(":").strip() or "no reason recorded" for w in why]
-            text = (f"{name}: failed in both: {reasons[0]}" if reasons[0] == reasons[1] else
-                    f"{name}: failed in both: A: {reasons[0]}; B: {reasons[1]}")
+        kind = next((k for k in ("failed", "skipped") if all(w.startswith(k) for w in why)), None)
+        if kind is not None:
+            reasons = [w.removeprefix(kind).lstrip(":").strip() or "no reason recorded" for w in why]
+            text = (f"{name}: {kind} in both: {reasons[0]}" if reasons[0] == reasons[1] else
+                    f"{name}: {kind} in both: A: {reasons[0]}; B: {reasons[1]}")
+        elif why[0] == why[1]:
+            text = f"{name}: no result in either run, both: {why[0]}"
         else:
             text = f"{name}: no result in either run: A: {why[0]}; B: {why[1]}"
         notes.append(NOT_COMPARED + text + ".")

@@ -64,13 +64,19 @@ def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
     by = FINDING_METHOD_WORDS.get(method, method)
     if not tied:
         return ""
-    k = len(s.get(f"top_heads_{method}") or []) or None
+    top = [str(h) for h in s.get(f"top_heads_{method}") or []]
+    k = len(top) or None
+    rank = {h: i + 1 for i, h in enumerate(top)} | ({str(nxt): k + 1} if nxt and k else {})
+
+    def ranked(g: list[str]) -> list[str]:  # every head its rank, or none does (review 16v C4)
+        return [f"{h} ({ordinal(rank[h])})" for h in g] if all(h in rank for h in g) else g
+
     runs = [[str(h) for h in g] for g in s.get(f"tied_top_groups_{method}") or [] if isinstance(g, list) and len(g) > 1]
     if not runs:  # an older summary: which heads tie with which is not recorded, unless there are only two
         names = tied + ([str(nxt)] if nxt else [])
         if len(names) != 2:
             if nxt and k:
-                names = tied[:-1] + [f"{tied[-1]} ({ordinal(k)})", f"{nxt} ({ordinal(k + 1)})"]
+                names = ranked(names)
             return (f"By {by}, {and_join(names)} each tie within rounding with a neighbour in the ranking: the order "
                     "of tied neighbours is arbitrary.")
         runs = [names]
@@ -78,7 +84,7 @@ def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
     said, raw = [], "raw |dL/d gate|" if method == "gradient" else ""
     for i, g in enumerate(runs):
         edge = bool(nxt) and k is not None and g[-1] == str(nxt) and len(g) > 1
-        names = g[:-2] + [f"{g[-2]} ({ordinal(k)})", f"{g[-1]} ({ordinal(k + 1)})"] if edge else g
+        names = ranked(g) if edge else g
         shown = _shown(values[i] if i < len(values) else None, len(g))
         if shown and raw:  # the top heads rank by raw gradients, the pruning order may not: named once
             shown, raw = f"{shown}, {raw}", ""

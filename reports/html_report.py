@@ -341,8 +341,10 @@ def scalings_clause(model: Mapping[str, Any]) -> str:
     parts = [f"{what} x{value:.6g}" for what, key in (("embedding", "embed_scale"), ("residual writes", "residual_scale"))
              if (value := num(model.get(key))) is not None and value != 1.0]
     attention, d_head = num(model.get("attention_scale")), num(model.get("d_head"))
-    if attention is not None and d_head and abs(attention - d_head ** -0.5) > 1e-12:
-        parts.append(f"attention scores x{attention:.6g} (not 1/sqrt(d_head))")
+    d_qk = num((model.get("mla") or {}).get("d_head_qk"))  # MLA: scores over q/k heads wider than d_head (v's)
+    if attention is not None and (d_qk or d_head) and abs(attention - (d_qk or d_head) ** -0.5) > 1e-12:
+        parts.append(f"attention scores x{attention:.6g} (not 1/sqrt({d_qk:g}), the q/k head width)" if d_qk
+                     else f"attention scores x{attention:.6g} (not 1/sqrt(d_head))")
     logit = num(model.get("logit_scale"))
     if logit is not None and logit != 1.0:
         parts.append(f"logits x{logit:.6g}" + (f" (1/{1 / logit:.6g})" if logit < 1 else ""))

@@ -241,7 +241,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_sites(args: argparse.Namespace) -> int:
-    from headscope.hooks.sites import SITES, available_sites, parse_site
+    from headscope.hooks.sites import available_sites, describe_site, parse_site
     from headscope.models import load_model
 
     _warn_remote_code(args)
@@ -256,7 +256,8 @@ def _cmd_sites(args: argparse.Namespace) -> int:
     print(f"{len(names)} sites:")
     for name in names:
         kind, _ = parse_site(name)
-        print(f"  {name:<40} {SITES[kind].shape:<36} {SITES[kind].doc}")
+        shape, doc = describe_site(kind, model.facts.mla)
+        print(f"  {name:<40} {shape:<36} {doc}")
     return 0
 
 

@@ -106,3 +106,34 @@ def test_deepseek_routing_is_described_as_hf_computes_it(dsv3):
     assert _weights(experts) == f" (the router picks its top-k experts {routing})"
     assert _shared_words(experts) == " (the shared expert's: its activation, ungated, on every token)."
     assert "sum to 1)" not in layout_clause(experts, 2, d_mlp)
+
+
+def test_full_resid_decomposition_expands_the_experts_neurons_as_hf_computes_them(dsv3):
+    """16v-C1: cache.get_full_resid_decomposition() raised "'MoEBridge' object has no attribute 'W_out'" on a mixture
+    of experts. Now layer 1's neurons are every routed expert's ("L1E{e}N{i}") then the shared expert's ("L1SN{i}"):
+    each row checked against the closed form from HF's weights (router weight from the hand routing x silu(x.g_i)
+    (x.u_i) x down[:, i]), their sum against HF's MoE output, and the remainder row "bias" is 0 (no biases)."""
+    model, hf = dsv3
+    tokens = random_tokens(1, 7, seed=11)
+    x, out = _moe_input_output(hf, tokens)
+    x, out = x[0, -1].double(), out[0, -1].double()  # [d_model] at the last position
+    _, cache = hs.run_with_cache(model, tokens)
+    stack, labels = cache.get_full_resid_decomposition(pos_slice=-1, return_labels=True)  # [components, 1, d_model]
+    moe = hf.model.layers[1].mlp
+    _, weights = _by_hand(moe.gate, x[None])  # [1, 4]
+    up, down = moe.experts.gate_up_proj.double(), moe.experts.down_proj.double()  # [4, 32, d], [4, d, 16]
+    expected = {}
+    for e in range(4):
+        gate, lin = up[e, :16] @ x, up[e, 16:] @ x  # [16] each
+        coef = weights[0, e] * torch.nn.functional.silu(gate) * lin
+        expected.update({f"L1E{e}N{i}": coef[i] * down[e, :, i] for i in range(16)})
+    sh = moe.shared_experts
+    coef = torch.nn.functional.silu(sh.gate_proj.weight.double() @ x) * (sh.up_proj.weight.double() @ x)
+    expected.update({f"L1SN{i}": coef[i] * sh.down_proj.weight.double()[:, i] for i in range(16)})
+    rows = {label: stack[k, 0].double() for k, label in enumerate(labels)}
+    assert [lab for lab in labels if lab.startswith(("L1E", "L1S"))] == list(expected)  # 4 x 16 routed, then 16 shared
+    assert sum(lab.startswith("L0N") for lab in labels) == 128  # layer 0: dense, TransformerLens's labels
+    torch.testing.assert_close(torch.stack([rows[k] for k in expected]), torch.stack(list(expected.values())),
+                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(sum(rows[k] for k in expected), out, atol=1e-5, rtol=1e-4)
+    assert rows["bias"].abs().max() < 1e-4

@@ -164,3 +164,57 @@ def test_mla_sites_command_names_the_widths(mla, capsys):
     assert (f"multi-head latent attention: d_head is {cfg.qk_nope_head_dim + cfg.qk_rope_head_dim} for q and k "
             f"({cfg.qk_rope_head_dim} of it rotary; rot_q, rot_k: that rotary part, rot_k one key shared by all heads) "
             f"and {cfg.v_head_dim} for v and z") in capsys.readouterr().out
+
+
+def test_mla_attention_scale_is_hf_scaling(mla):
+    """16v-A1: the manifest said attention_scale null next to d_head 16 (v's width), which reads as 1/4; HF scales
+    MLA's scores by qk_head_dim^-0.5 = 20^-0.5 (times DeepSeek's YaRN mscale^2 where the rope sets mscale_all_dim).
+    Both against HF's own DeepseekV3Attention.scaling; the header's scalings clause stays silent on the plain case
+    and names the q/k width where the scale differs from it."""
+    import types
+
+    import transformers
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+
+    from headscope.models.hooked_model import _attention_multiplier
+    from headscope.reports.html_report import scalings_clause
+
+    _, model, hf = mla
+    assert model.facts.attention_scale == pytest.approx(hf.model.layers[0].self_attn.scaling, rel=1e-12)
+    assert model.facts.attention_scale == pytest.approx(0.2236068, abs=1e-7)  # 20^-0.5, not 16^-0.5 = 0.25
+    assert scalings_clause(vars(model.facts)) == ""
+    cfg = transformers.DeepseekV3Config(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32,
+        qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=16, num_hidden_layers=1, max_position_embeddings=256,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+                         "original_max_position_embeddings": 64, "rope_theta": 10000.0})
+    yarn = _attention_multiplier(types.SimpleNamespace(original_model=types.SimpleNamespace(config=cfg)))
+    hf_scaling = DeepseekV3Attention(cfg, 0).scaling
+    assert yarn == pytest.approx(hf_scaling, rel=1e-12)
+    assert hf_scaling == pytest.approx(0.2899011, abs=1e-7)  # (0.1 ln 4 + 1)^2 / sqrt(20)
+    facts = {**vars(model.facts), "attention_scale": yarn}
+    assert scalings_clause(facts) == (", scalings: attention scores x0.289901 (not 1/sqrt(20), the q/k head width) "
+                                      "(the circuits and mlp numbers include them)")
+
+
+def test_mla_sites_rows_say_what_the_cache_holds(mla, capsys):
+    """16v-C2: `headscope sites` called hook_rot_k "what the KV cache stores", [batch, pos, kv_head, d_head]; on MLA it
+    is one rotary key of qk_rope_head_dim (8) shared by all heads, and HF's cache holds it beside the normed latent
+    of kv_lora_rank (32). The rows are checked whole; the printed rot_k shape against a capture."""
+    from headscope.cli import main
+
+    path, model, hf = mla
+    assert main(["-q", "sites", "--model", str(path), "--device", "cpu"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  blocks.1.attn")}
+    cfg = hf.config
+    rope, latent, qk = cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    assert rows["blocks.1.attn.hook_rot_k"] == (
+        f"  {'blocks.1.attn.hook_rot_k':<40} {f'[batch, pos, 1, {rope}]':<36} the rotary key after RoPE, one shared "
+        f"by all heads; the KV cache stores it and the normed latent ({latent} wide), not per-head keys")
+    assert rows["blocks.1.attn.hook_k"] == (
+        f"  {'blocks.1.attn.hook_k':<40} {f'[batch, pos, head, {qk}]':<36} per-head keys: 12 numbers expanded from "
+        f"the cached latent, then the {rope} of the shared rotary key; not cached")
+    assert "what the KV cache stores" not in "".join(rows.values())
+    got = hs.capture(model, random_tokens(2, 5), [hs.site("rot_k", 1), hs.site("k", 1)])
+    assert tuple(got[hs.site("rot_k", 1)].shape) == (2, 5, 1, rope)
+    assert tuple(got[hs.site("k", 1)].shape) == (2, 5, N_HEADS, qk)

@@ -2229,6 +2229,30 @@ def test_analyses_that_failed_in_both_runs_are_listed_under_not_compared(tmp_pat
     assert "position:" not in refused and "patching:" not in refused  # both ran them
 
 
+def test_an_identical_skip_reason_is_said_once(tmp_path):
+    """Review 16v C3: an analysis skipped in both runs for the same reason (MLA) printed the ~45-word reason twice
+    ("no result in either run: A: skipped: ...; B: skipped: ..."); only identical failures were merged. Now once;
+    different skip reasons keep A's and B's; a skip in one run and a failure in the other keep both."""
+    from headscope.reports.compare import compare_html
+
+    mla = "./dsv3 uses multi-head latent attention (MLA: <q/k> 20 wide), which this analysis does not support"
+    status = {"a": {"attribution": f"skipped: {mla}", "kv": "skipped: no corrupted prompts",
+                    "circuits": "skipped: x"},
+              "b": {"attribution": f"skipped: {mla}", "kv": "skipped: no answers", "circuits": "failed: E: y"}}
+    for side in ("a", "b"):
+        root = tmp_path / side
+        _folder(root, "m", 1.0, 0, 0.5)
+        analyses = ["heads", "position", "patching", "attribution", "circuits", "kv"]
+        io.write_json(root / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": analyses, "task": "t"},
+                                               "status": status[side]})
+    page = compare_html(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    refused = page[page.index("id='not-compared'"):page.index("id='findings'")]
+    assert f"<li>attribution: skipped in both: {html.escape(mla)}.</li>" in refused
+    assert refused.count("multi-head latent attention") == 1
+    assert "<li>kv: skipped in both: A: no corrupted prompts; B: no answers.</li>" in refused
+    assert "<li>circuits: no result in either run: A: skipped: x; B: failed: E: y.</li>" in refused
+
+
 def test_compare_and_finding_state_a_bonferroni_interval_at_its_own_level(tmp_path):
     """Review 15av C1: a probe at chance over the best of 3 layers carries the exact (Clopper-Pearson) interval at
     1 - 0.05/3 = 98.3% (scipy: [0.0764, 0.3995] for 8 of 39); compare called it "95% CI" and the finding "98% CI"."""

@@ -497,10 +497,23 @@ def test_ties_past_the_top_k_and_at_the_start_of_the_pruning_order_are_named():
     assert ("In the gradient order, L2H3 and L0H0 (removed 4th and 5th; 0.35 and 0.36, as the gradient ordering ranks "
             "them) tie within rounding: which is "
             "removed first is arbitrary") in finding("heads", later)
-    assert ("By gradient, L0H2, L1H0 (5th) and L2H1 (6th) each tie within rounding with a neighbour in the ranking"
-            in text)  # an older summary: which tie with which is not recorded, so no run of three is claimed
+    assert ("By gradient, L0H2 (4th), L1H0 (5th) and L2H1 (6th) each tie within rounding with a neighbour in the "
+            "ranking" in text)  # an older summary: which tie with which is not recorded, so no run of three is claimed
     text = finding("heads", {**s, "tied_top_groups_gradient": [["L0H2", "L1H0", "L2H1"]]})
-    assert "By gradient, L0H2, L1H0 (5th) and L2H1 (6th) tie within rounding, across the edge of the top heads" in text
+    assert ("By gradient, L0H2 (4th), L1H0 (5th) and L2H1 (6th) tie within rounding, across the edge of the top "
+            "heads") in text
+
+
+def test_every_head_of_a_tie_across_the_top_edge_gets_its_rank():
+    """Review 16v C4 (d_trained's heads summary, DeepSeek-V3): "By zero-ablation, L0H1, L2H0 (5th) and L1H3 (6th) tie"
+    gave ordinals to the last two of three, so "L0H1, L2H0 (5th)" read as both 5th; L0H1 is 4th of top_heads_zero.
+    Each head now gets its place in the ranking (the top heads' order, the next head k + 1)."""
+    s = {**HEADS, "top_heads_zero": ["L0H3", "L0H0", "L1H2", "L0H1", "L2H0"],
+         "tied_top_heads_zero": ["L0H1", "L2H0"], "tied_top_next_zero": "L1H3",
+         "tied_top_groups_zero": [["L0H1", "L2H0", "L1H3"]],
+         "tied_top_values_zero": [[0.001953125, 0.001953125, 0.0009765625]]}
+    assert ("By zero-ablation, L0H1 (4th), L2H0 (5th) and L1H3 (6th) tie within rounding (0.002, 0.002 and 0.00098), "
+            "across the edge of the top heads: their order is arbitrary.") in finding("heads", s)
 
 
 def test_separate_ties_are_said_apart_and_only_ties_that_can_move_the_count_say_so():
