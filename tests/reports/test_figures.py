@@ -1150,6 +1150,10 @@ def test_kv_sinks_draws_each_layers_interval_over_prompts():
         [bars] = [c for c in ax.containers if getattr(c, "errorbar", None) is not None and c.errorbar is not None]
         segments = bars.errorbar.lines[2][0].get_segments()
         assert [tuple(np.round(seg[:, 1], 3)) for seg in segments] == [(0.14, 0.16), (0.31, 0.34), (0.09, 0.11)]
+        assert [t.get_text() for t in ax.get_legend().get_texts()][1] == "if uniform"
+        # review 16c B1: an ALiBi model's table carries the uniform share as flat_mass; its baseline is ALiBi's
+        alibi = plot_sinks(sinks.assign(flat_mass=0.25), ax=plt.subplots()[1])
+        assert [t.get_text() for t in alibi.get_legend().get_texts()][1] == "ALiBi's bias alone\n(equal scores)"
     finally:
         plt.close("all")
 
