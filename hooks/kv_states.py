@@ -163,7 +163,7 @@ def generate_with_kv(model, tokens: torch.Tensor, max_new_tokens: int) -> Genera
         raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
     tokens = model.check_tokens(tokens)
     total = tokens.shape[1] + max_new_tokens
-    if total > model.facts.n_ctx:
+    if model.facts.fixed_context and total > model.facts.n_ctx:
         raise ContextLengthError(
             f"prompt ({tokens.shape[1]}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
             f"context of {model.facts.n_ctx}; generate fewer tokens or shorten the prompt."

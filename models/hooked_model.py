@@ -54,7 +54,7 @@ class ModelFacts:
     d_head: int
     d_mlp: int
     d_vocab: int
-    n_ctx: int
+    n_ctx: int  # the length analyses size their own prompts to; the model's limit only where fixed_context
     gated_mlp: bool
     positional: str  # "standard" (learned), "rotary", ...
     # The model's own scalings of its stream and logits (muP-style: Granite's embedding_multiplier,
@@ -69,6 +69,21 @@ class ModelFacts:
     # (qk_nope + qk_rope_dim rotary), v heads and z d_head (= v_head_dim) wide, K/V expanded from a kv_lora_rank
     # latent, q from a q_lora_rank one (None: q projected directly). All None on other attention.
     mla: dict[str, int | None] | None = field(default=None, hash=False)  # out of the hash: a dict
+    # Review 16c A2: False where the HF config names no maximum length (BLOOM's ALiBi): n_ctx is then
+    # TransformerLens's default, a working length, not a limit; no prompt is refused for its length.
+    fixed_context: bool = True
+
+    @property
+    def context_limit(self) -> int | None:
+        """The longest prompt the model takes (n_ctx), None where it has no fixed context."""
+        return self.n_ctx if self.fixed_context else None
+
+    @property
+    def context_words(self) -> str:
+        """'2048', or 'none (ALiBi: no fixed context)' where the config names no maximum length."""
+        if self.fixed_context:
+            return str(self.n_ctx)
+        return "none (" + ("ALiBi: " if self.positional == "alibi" else "") + "no fixed context)"
 
     @property
     def attention_layout(self) -> str:
@@ -123,7 +138,23 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         embed_scale=float(getattr(getattr(bridge, "embed", None), "_output_contribution_scale", 1.0)),
         attention_scale=_attention_multiplier(bridge),
         mla=mla,
+        fixed_context=config_names_context(getattr(getattr(bridge, "original_model", None), "config", None)),
     )
+
+
+# HF config fields that bound a model's positions (GPT-2's n_positions, Llama's max_position_embeddings, ...)
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_seq_len",
+                  "max_sequence_length")
+
+
+def config_names_context(config: Any) -> bool:
+    """Whether a HF config names a maximum length (its text config's too); True where there is no config
+    (headscope cannot tell, so keeps TransformerLens's n_ctx as the limit). BLOOM's names none: ALiBi has
+    no position table, and HF runs prompts of any length (review 16c A2)."""
+    if config is None:
+        return True
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return any(getattr(c, f, None) is not None for c in (config, text) for f in CONTEXT_FIELDS)
 
 
 def mla_layout(bridge: Any) -> dict[str, int | None] | None:
@@ -331,7 +362,7 @@ class HookedModel(TLHabits):
         kind = "encoder" if f.is_encoder else "decoder"
         return (
             f"HookedModel({f.name!r}: {f.family} {kind}, {f.n_layers} layers x {f.n_heads} heads "
-            f"({f.n_kv_heads} KV), d_model={f.d_model}, d_mlp={f.d_mlp}, n_ctx={f.n_ctx}, "
+            f"({f.n_kv_heads} KV), d_model={f.d_model}, d_mlp={f.d_mlp}, n_ctx={f.context_words}, "
             f"device={self.device})"
         )
 
@@ -462,7 +493,7 @@ class HookedModel(TLHabits):
             raise ConfigError(f"tokens must be {expected}; got {tokens.ndim}-d shape {list(tokens.shape)}.")
         if tokens.numel() == 0:
             raise ConfigError(f"tokens must be {expected}; got an empty tensor of shape {list(tokens.shape)}.")
-        if tokens.shape[1] > self.facts.n_ctx:
+        if self.facts.fixed_context and tokens.shape[1] > self.facts.n_ctx:
             raise ContextLengthError(
                 f"The prompt has {tokens.shape[1]} tokens but {self.facts.name} has a context of "
                 f"{self.facts.n_ctx}; truncate it (e.g. tokens[:, -{self.facts.n_ctx}:]) or use a "

@@ -301,7 +301,7 @@ class TLHabits:
                                       f"{list(tokens.shape)}; pass the mask to_tokens(..., padding=True) gave with them.")
                 mask = None if bool(attention_mask.all()) else attention_mask.to(tokens.device)
         total = tokens.shape[1] + max_new_tokens
-        if total > self.facts.n_ctx:
+        if self.facts.fixed_context and total > self.facts.n_ctx:
             raise ContextLengthError(f"prompt ({tokens.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
                                      f"exceeds {self.facts.name}'s context of {self.facts.n_ctx}; generate fewer tokens or "
                                      f"shorten the prompt.")

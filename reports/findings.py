@@ -492,15 +492,25 @@ def beside(value: float, threshold: float, digits: int = 1) -> str:
     return f"{(math.floor(value / step) if below else math.ceil(value / step)) * step:.4f}"
 
 
+def _uniform_words(rows: Any) -> str:
+    """The uniform share beside an ALiBi baseline, where the records carry it ("flat"), else 'more'."""
+    flat = [_num(r.get("flat")) for r in rows]
+    if any(v is None for v in flat) or not flat:
+        return "more"
+    lo, hi = min(flat), max(flat)
+    return f"{lo:.2f}" if hi - lo < 0.005 else f"{lo:.2f}-{hi:.2f}"
+
+
 def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: str = "prompts",
-                  windowed: Any = (), what: str | None = None) -> str:
+                  windowed: Any = (), what: str | None = None, baseline: Any = None) -> str:
     """The attention-sink sentence the kv and position findings share, from the summary's per-layer
     "sinks" records (analyses/position/sinks.layer_sinks): each layer's mass on the first tokens with
     its 95% interval over examples against the uniform-attention share, and the layers that are sinks
     by the one criterion (at least SINK_RATIO x uniform, the paired excess's interval above 0). Models
     of more than 6 layers: the sink layers in full, the others as a range. windowed: the sliding-window
     layers, whose mass averages only the queries that see the first token (kv's sink_stats). what: the sink
-    tokens in words ("[CLS] (the first token)"), else "the first n_sink token(s)"."""
+    tokens in words ("[CLS] (the first token)"), else "the first n_sink token(s)". baseline: the summary's
+    sink_baseline; "alibi": the records' "uniform" is what ALiBi's bias alone gives (review 16c B1), named so."""
     rows = [r for r in records or [] if isinstance(r, Mapping) and _num(r.get("mass")) is not None]
     if not rows:
         return ""
@@ -520,15 +530,18 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
     over = (f"; on sliding-window layer{'s' if len(slid) > 1 else ''} {int_ranges(sorted(slid))} over the queries "
             "whose window holds the first token") if slid else ""
     what = what or f"the first {n_sink if n_sink is not None else '?'} token(s)"
+    alibi = baseline == "alibi"
+    share = (f"{base}, the share ALiBi's position bias alone gives them with every score equal (each head's slope; "
+             f"uniform attention would give {_uniform_words(rows)})" if alibi else f"the uniform share {base}")
     head = (f"{where}ttention on {what} per layer (mean"
-            + (f" over {n} {unit}" if n else "") + f"{over}, 95% CI, and its multiple of the uniform share {base}): ")
+            + (f" over {n} {unit}" if n else "") + f"{over}, 95% CI, and its multiple of {share}): ")
     if len(rows) <= 6:
         listed = ", ".join(one(r) for r in rows)
     else:
         others = [r["mass"] for r in rows if not r.get("sink")]
         listed = ", ".join(one(r) for r in sinks) + ("; " if sinks and others else "") \
             + (f"the other {len(others)} layers {min(others):.2f}-{max(others):.2f}" if others else "")
-    rule = f"at least {SINK_RATIO:g}x the uniform share, with its excess over it 95%-CI above 0"
+    rule = f"at least {SINK_RATIO:g}x {'that' if alibi else 'the uniform'} share, with its excess over it 95%-CI above 0"
     if sinks:
         verdict = f"An attention sink in layer(s) {', '.join(str(r['layer']) for r in sinks)} ({rule})."
     else:

@@ -49,6 +49,11 @@ def _size_sentence(s: Mapping[str, Any], per_token: float, full_ctx: float | Non
     """Bytes per token and at full context; with sliding-window layers, which ones stop growing and the
     all-global size for comparison."""
     text = f"The KV cache takes {_bytes(per_token)} per token ({s.get('dtype', '')})"
+    if s.get("no_fixed_context") and full_ctx is None:  # review 16c A2: no full context to size it at
+        longest, at = _num(s.get("prompt_tokens")), _num(s.get("bytes_at_longest_prompt"))
+        alibi = "ALiBi positions, " if s["no_fixed_context"] == "alibi" else ""
+        return (text + (f", {_bytes(at)} at the longest prompt run ({int(longest)} tokens)" if at and longest else "")
+                + f"; the model has no fixed context ({alibi}no maximum length in its config), so no full-context size.")
     windows = {k: v for k, v in (s.get("sliding_windows") or {}).items() if _num(v) is not None}
     if not windows:
         return text + (f", {_bytes(full_ctx)} at full context." if full_ctx is not None else ".")

@@ -134,7 +134,7 @@ def finding(s: Mapping[str, Any]) -> str:
     if norms:
         parts.append(norms)
     sinks = sink_sentence(s.get("sinks"), n_sink=1, task=s.get("task"),  # the attention the first key receives
-                          windowed=list(binding_windows(s)))
+                          windowed=list(binding_windows(s)), baseline=s.get("sink_baseline"))
     if sinks:
         parts.append(sinks)
         bos = s.get("first_token_added_bos")

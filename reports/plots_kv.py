@@ -212,7 +212,8 @@ def plot_sinks(data: pd.DataFrame, *, ax=None):
         err = np.stack([measured - data["ci_low"].to_numpy(dtype=float), data["ci_high"].to_numpy(dtype=float) - measured])
     ax.bar(x - 0.2, measured, width=0.4, color=colours[0], label="measured (95% CI over prompts)" if err is not None
            else "measured", yerr=err, capsize=3, ecolor="black")
-    ax.bar(x + 0.2, uniform, width=0.4, color=colours[1], label="if uniform")
+    alibi = "flat_mass" in data  # review 16c B1: an ALiBi model's baseline is its bias alone (analyses.kv.sink_stats)
+    ax.bar(x + 0.2, uniform, width=0.4, color=colours[1], label="ALiBi's bias alone\n(equal scores)" if alibi else "if uniform")
     ax.set_xticks(x, [str(int(v)) for v in data["layer"]])
     top = max(float(np.nanmax(measured + (err[1] if err is not None else 0))), float(np.nanmax(uniform)))
     ax.set(title="Attention sink: mass on the first position", xlabel="layer",
@@ -293,6 +294,7 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                 "On multi-head latent attention (DeepSeek) the cache holds one latent per position; the lines are the "
                 "per-head keys expanded from it, as the title says.",
     "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass (a "
-                "sliding-window layer's counts only the keys inside its window), with its 95% t interval over "
+                "sliding-window layer's counts only the keys inside its window; on an ALiBi model the mass its position "
+                "bias alone gives with every score equal), with its 95% t interval over "
                 "prompts; the finding names the layers that are sinks.",
 }

@@ -120,11 +120,14 @@ def plot_gold_attention(data: pd.DataFrame, *, reduce: str = "max", quiet: str |
     return ax
 
 
-def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, what: str | None = None, ax: Any = None) -> Any:
+def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, what: str | None = None, ax: Any = None,
+                   baseline_kind: str | None = None) -> Any:
     """Per layer, the mass on the first `n_sink` tokens (`data`: the sinks table; `what`: those tokens in words,
     the summary's sink_label on encoders), against the uniform baseline, each bar with the 95% t interval over
-    examples the finding quotes (ci_low / ci_high: sinks.layer_sinks), where the table has it; the title says
-    so, or that none is recorded. The y label takes two short lines, so it stays below the title."""
+    examples the finding quotes (ci_low / ci_high: sinks.layer_sinks), where the table has it; the legend says
+    so, or the title that none is recorded (review 16c C3: one short title line; the detail in the legend and the
+    caption). baseline_kind "alibi": the dashed line is ALiBi's bias alone (the summary's sink_baseline). The y
+    label takes two short lines, so it stays below the title."""
     ax = axes(ax, (6, 4))
     sinks = data
     x = np.arange(len(sinks))  # [layer]
@@ -134,21 +137,22 @@ def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, what: str |
         low, high = sinks["ci_low"].to_numpy(dtype=float), sinks["ci_high"].to_numpy(dtype=float)
         err = np.stack([np.clip(mass - low, 0, None), np.clip(high - mass, 0, None)])  # [2, layer]: ends at low, high
     ax.bar(x, mass, width=0.8, color=sns.color_palette()[0], yerr=err, capsize=4, ecolor="black",
-           error_kw={"elinewidth": 1}, label="measured (95% t interval over examples)" if err is not None else "measured")
+           error_kw={"elinewidth": 1},
+           label="measured (error bars:\n95% t interval of the\nmean over examples)" if err is not None else "measured")
     ax.set_xticks(x, [str(int(v)) for v in sinks["layer"]])
     ax.set_xlabel("layer")
     base = sinks["baseline"].to_numpy(dtype=float)  # [layer]: each layer's own (a sliding window sees fewer keys)
     baseline = float(base.max())
+    named = "ALiBi's bias alone\n(equal scores)" if baseline_kind == "alibi" else "uniform attention"
     if base.max() - base.min() < 1e-9:
-        ax.axhline(baseline, color="black", linestyle="--", label="uniform attention")
+        ax.axhline(baseline, color="black", linestyle="--", label=named)
     else:
-        ax.hlines(base, x - 0.4, x + 0.4, color="black", linestyle="--", label="uniform attention (per layer: its visible keys)")
+        ax.hlines(base, x - 0.4, x + 0.4, color="black", linestyle="--", label=f"{named}\n(per layer: its visible keys)")
     what = what or f"the first {n_sink if n_sink is not None else '?'} token(s)"
     ax.set_ylabel(f"attention mass (0-1)\non {what.split(' (')[0]}")
     top = float(np.nanmax(mass + (err[1] if err is not None else 0)))
     ax.set_ylim(0, min(1.0, 1.25 * max(top, baseline)) or 1.0)  # bars and their intervals fill the axis
-    ax.set_title("attention sink per layer" + (" (error bars: 95% t interval\nof the mean over examples)" if err is not None
-                                               else " (no interval recorded)"))
+    ax.set_title("attention sink per layer" + ("" if err is not None else " (no interval recorded)"))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return ax
 
@@ -167,7 +171,8 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
                        ("position_gold_attention", lambda ax: plot_gold_attention(tables["gold_attention"], ax=ax,
                                                                                            quiet=quiet_reason(s))),
                        ("position_sinks", lambda ax: plot_sink_mass(tables["sinks"], n_sink=s.get("n_sink"),
-                                                                  what=s.get("sink_label"), ax=ax))):
+                                                                  what=s.get("sink_label"), ax=ax,
+                                                                  baseline_kind=s.get("sink_baseline")))):
         fig, ax = plt.subplots(figsize=(7, 4))
         draw(ax)
         fig.tight_layout()
@@ -206,7 +211,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                                "over heads. Hatched grey cells: on a sliding-window layer the gold span lies outside the "
                                "answer query's window in every example, so the mass there is 0 by the mask, not measured.",
     "position_sinks": "Per layer, attention mass on the first tokens (0-1) against the uniform-attention baseline (dashed; "
-                      "a sliding-window layer's counts only the keys inside its window), each bar with the 95% t interval "
+                      "a sliding-window layer's counts only the keys inside its window; on an ALiBi model the share its "
+                      "position bias alone gives them with every score equal), each bar with the 95% t interval "
                       "of its mean over examples that the finding quotes.",
     "position_streaming": "Answer log-probability (nats) by gold position with the full context and with streaming "
                           "windows (sinks + recent tokens); each condition has its own marker and dash, so equal curves "
@@ -260,7 +266,7 @@ def finding(s: Mapping[str, Any]) -> str:
     base = _num(s.get("sink_uniform_baseline"))
     binding, loose = windows_that_bind(s)
     shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples",
-                           what=s.get("sink_label"), windowed=binding)
+                           what=s.get("sink_label"), windowed=binding, baseline=s.get("sink_baseline"))
     if shared:  # the kv finding's criterion, with intervals over examples
         parts.append(shared)
         if loose:

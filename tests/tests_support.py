@@ -30,7 +30,7 @@ def word_tokenizer():
 
 
 def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | None = None, **config) -> Path:
-    """Save a random model of the family to `out`: "gpt2", "neox", "gptj", or the Llama-style "llama"
+    """Save a random model of the family to `out`: "gpt2", "neox", "gptj", "bloom" (ALiBi), or the Llama-style "llama"
     (GQA), "qwen2" (biases on q, k and v), "mistral" and "qwen3" (q/k norms), "deepseek_v3" (multi-head latent
     attention, dense MLPs unless first_k_dense_replace says otherwise; the MoE routers' e_score_correction_bias
     drawn N(0, 0.1^2) so the choice's bias counts); 2 layers unless `config`, which overrides fields of the Hugging
@@ -64,6 +64,9 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
     elif family == "gptj":  # parallel attention and MLP, partial interleaved rotary, no attention biases
         fields = dict(n_embd=64, n_inner=128, n_layer=2, n_head=4, rotary_dim=8, n_positions=N_CTX)
         make = transformers.GPTJForCausalLM, transformers.GPTJConfig
+    elif family == "bloom":  # ALiBi positions (no position table, no maximum length in its config), fused qkv
+        fields = dict(hidden_size=64, n_layer=2, n_head=4)
+        make = transformers.BloomForCausalLM, transformers.BloomConfig
     elif family in ("llama", "qwen2", "mistral", "qwen3"):
         fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=N_CTX, **({"head_dim": 16} if family == "qwen3" else {}))

@@ -166,7 +166,12 @@ def task_reasons(needs: Needs, task: Task | str, model: Any, config: Any = None)
         return [gap] if gap else []
     if not needs.task_data:
         own = f" ({needs.what})" if needs.what else ""
-        return [f"it runs on its own data{own}, not on prompt/answer tasks"]
+        if needs.own_records is None:
+            return [f"it runs on its own data{own}, not on prompt/answer tasks"]
+        # review 16c B3: a file that itself places its answers early / middle / late is still not swept
+        return [f"it runs on its own data{own}, not on prompt/answer tasks: each row of one is a fixed prompt with "
+                "its answer where the row put it, so placements the file varies itself (early, middle, late) are not "
+                "read either; its --task takes a JSONL file of its own records"]
     if not isinstance(task, Task):
         raise InputTypeError(f"task_reasons takes a Task or one of {needs.names}, got {task!r}; read data with resolve().")
     reasons = []

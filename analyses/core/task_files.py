@@ -92,7 +92,8 @@ def _tokens(model, seqs: list[list[int]], what: str, label: str = "Task data",
     (decoders left-padded, encoders right-padded; None when every sequence has the same length)."""
     places = list(places) if places is not None else [f"row {i}" for i in range(len(seqs))]
     lengths = [len(s) for s in seqs]
-    n_ctx = getattr(getattr(model, "facts", None), "n_ctx", None)
+    facts = getattr(model, "facts", None)
+    n_ctx = getattr(facts, "context_limit", getattr(facts, "n_ctx", None))  # None: no fixed context (ALiBi)
     long = [f"{place} has {n}" for n, place in zip(lengths, places) if n_ctx is not None and n > n_ctx]
     if long:
         raise TaskFileError(f"{label}: {what} longer than {model.name}'s context of {n_ctx} tokens ({_few(long)}); "

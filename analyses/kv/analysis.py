@@ -41,6 +41,7 @@ from headscope.analyses.kv import eviction as kv_eviction
 from headscope.analyses.kv.holding import holding_budgets
 from headscope.analyses.position import sinks
 from headscope.errors import ConfigError
+from headscope.models.alibi import alibi_slopes
 from headscope.models.hooked_model import layer_windows
 from headscope.models.key_norm import key_norms
 
@@ -254,7 +255,8 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
     a time (hooks.reduce_patterns): no layer's whole pattern is held where the hook-free blocks run."""
     n_layers = model.facts.n_layers
     windows = layer_windows(model)  # a sliding-window layer averages only the queries its window lets see key 0
-    masses, uniforms = [], []  # per length group: [prompts, layer] sink mass, [prompts, layer] uniform share
+    slopes = alibi_slopes(model)  # ALiBi: the baseline is what its bias alone gives the first key (review 16c B1)
+    masses, uniforms, flats = [], [], []  # per length group: [prompts, layer] sink mass, [prompts, layer] uniform share
     for group in length_groups(tokens, attention_mask):
         rows = sinks.query_rows(group.shape[1], n_sink)  # the query rows sinks.sink_mass averages
         # per layer, the rows averaged: on a sliding-window layer those that see the first token (review 11b C7,
@@ -271,10 +273,15 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
 
         hooks.reduce_patterns(model, group, reduce, query_positions=rows, logits_from=group.shape[1] - 1)
         masses.append(mass)
-        share = [sinks.uniform_baseline(group.shape[1], n_sink, window=w, rows=seen[layer])
+        share = [sinks.uniform_baseline(group.shape[1], n_sink, window=w, rows=seen[layer], slopes=slopes)
                  for layer, w in enumerate(windows)]  # [layer]
         uniforms.append(torch.tensor(share, dtype=torch.float64)[None, :].expand(group.shape[0], n_layers))
-    per_layer = sinks.layer_sinks(torch.cat(masses), torch.cat(uniforms))  # over the prompts, with intervals
+        if slopes is not None:  # the uniform share beside ALiBi's, for the words
+            flat = [sinks.uniform_baseline(group.shape[1], n_sink, window=w, rows=seen[layer])
+                    for layer, w in enumerate(windows)]
+            flats.append(torch.tensor(flat, dtype=torch.float64)[None, :].expand(group.shape[0], n_layers))
+    per_layer = sinks.layer_sinks(torch.cat(masses), torch.cat(uniforms),  # over the prompts, with intervals
+                                  torch.cat(flats) if flats else None)
     keys = norms[norms.kind == "key"]
     rows = []
     for layer, entry in zip(range(n_layers), per_layer):
@@ -284,7 +291,7 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
         rows.append({"layer": layer, "sink_mass": entry["mass"], "uniform_mass": entry["uniform"],
                      "ci_low": ci[0], "ci_high": ci[1], "excess_ci_low": excess[0], "excess_ci_high": excess[1],
                      "ratio": entry["ratio"], "n_prompts": entry["n"], "sink": entry["sink"],
-                     "sink_key_norm_ratio": first / rest})
+                     "sink_key_norm_ratio": first / rest, **({"flat_mass": entry["flat"]} if "flat" in entry else {})})
     return pd.DataFrame(rows)
 
 
@@ -307,6 +314,18 @@ def key_norm_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
     return record
 
 
+def _context_sizes(model, anatomy: CacheAnatomy, longest: int) -> dict[str, Any]:
+    """The cache at full context (bytes_at_n_ctx; sliding-window layers hold only their window) and were every
+    layer global, with n_ctx; on a model with no fixed context (ALiBi, review 16c A2) those are None and
+    no_fixed_context names its positions, with the cache at the longest prompt run (`longest` tokens)."""
+    limit = model.facts.context_limit
+    if limit is None:
+        return {"bytes_at_n_ctx": None, "bytes_at_n_ctx_all_global": None, "n_ctx": None,
+                "no_fixed_context": model.facts.positional, "bytes_at_longest_prompt": anatomy.total(longest)}
+    return {"bytes_at_n_ctx": anatomy.total(limit),
+            "bytes_at_n_ctx_all_global": anatomy.n_layers * anatomy.bytes_per_token_per_layer * limit, "n_ctx": limit}
+
+
 def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
     """The sinks table as the summary's per-layer records (sinks.layer_sinks' keys; NaN intervals as None)."""
     def pair(lo: float, hi: float) -> list[float] | None:
@@ -314,7 +333,8 @@ def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
 
     return [{"layer": int(r.layer), "mass": float(r.sink_mass), "uniform": float(r.uniform_mass),
              "ci": pair(r.ci_low, r.ci_high), "excess_ci": pair(r.excess_ci_low, r.excess_ci_high),
-             "ratio": float(r.ratio), "n": int(r.n_prompts), "sink": bool(r.sink)} for r in table.itertuples()]
+             "ratio": float(r.ratio), "n": int(r.n_prompts), "sink": bool(r.sink),
+             **({"flat": float(r.flat_mass)} if "flat_mass" in table else {})} for r in table.itertuples()]
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
@@ -399,9 +419,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "n_heads": anatomy.n_heads, "n_kv_heads": anatomy.n_kv_heads,
         "latent": list(anatomy.latent) if anatomy.latent else None,  # MLA: [kv_lora_rank, qk_rope] cached per layer
         "dtype": anatomy.dtype,
-        "bytes_at_n_ctx": anatomy.total(model.facts.n_ctx),  # sliding-window layers hold only their window
-        "bytes_at_n_ctx_all_global": anatomy.n_layers * anatomy.bytes_per_token_per_layer * model.facts.n_ctx,
-        "n_ctx": model.facts.n_ctx,
+        **_context_sizes(model, anatomy, int(sweep.context.max()) + 1),
         "sliding_windows": {str(k): v for k, v in anatomy.sliding_layers.items()},  # {layer: window}
         "metric_unevicted": float(full.mean()),
         # its 95% t interval over the examples (review 14b C4: compare compares it; None for one example)
@@ -427,6 +445,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "context_range": [int(sweep.context.min()), int(sweep.context.max())],
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),
+        "sink_baseline": "alibi" if alibi_slopes(model) is not None else "uniform",  # what "uniform" records hold
         # NaN (null) where the layer's cache no longer holds the first key (a sliding window past it)
         "sink_key_norm_ratio_per_layer": {str(r.layer): float(r.sink_key_norm_ratio) for r in sink_table.itertuples()},
         # each prompt's ratio, per layer its mean over the prompts with a 95% t interval and n (what the finding states)
@@ -439,7 +458,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "first_token_added_bos": _added_bos_first(model, task),
     }
     return Result(name="kv", df=sweep, summary=summary,
-                  tables={"anatomy": anatomy_table(anatomy, config.contexts, n_ctx=model.facts.n_ctx), "norms": norms,
+                  tables={"anatomy": anatomy_table(anatomy, config.contexts, n_ctx=model.facts.context_limit), "norms": norms,
                           "sinks": sink_table},
                   config={**asdict(config), "anatomy": asdict(anatomy)})
 

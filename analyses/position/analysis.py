@@ -24,7 +24,8 @@ over examples: the rows of one example are not independent), "no_gold" (one row 
 no-gold prompt's metrics), "baseline" (metric, mean, ci_low, ci_high, n, interval: the no-gold baseline).
 summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
 slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline (on a sliding-window layer, both over
-the queries whose window holds the first token: sinks.sink_rows), sliding_windows ({layer: window}; decoders),
+the queries whose window holds the first token: sinks.sink_rows; on ALiBi what its bias alone gives, sink_baseline
+"alibi"), sliding_windows ({layer: window}; decoders),
 prompt_tokens (the longest prompt's tokens: a window binds, and the finding names its layer, only when shorter),
 gold_masked (decoders with a sliding window: per layer the gold positions whose span the answer query does not see,
 hidden, or sees only in part, partial: gold_masked), retrieval_heads (the heads
@@ -56,6 +57,7 @@ from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, ru
 from headscope.analyses.position.sinks import layer_sinks, sink_rows, uniform_baseline
 from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
 from headscope.errors import ConfigError, InputTypeError
+from headscope.models.alibi import alibi_slopes
 from headscope.models.hooked_model import layer_windows, visible_keys
 
 TASKS = ("zoo_kv", "json_kv", "word_kv", "qa", "retrieval")
@@ -434,12 +436,16 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     gold_attention = gold.groupby(["layer", "head", "position"], as_index=False)[["mass", "visible"]].mean()
     sink_by_layer = [float(x) for x in _layer_means([o.sink_mass for o in outs])]
     # over the rows each layer's mass averages (on a sliding-window layer those that see the first token)
+    slopes = alibi_slopes(model)  # ALiBi: the baseline is what its bias alone gives the sinks (review 16c B1)
     uniform = torch.tensor([[uniform_baseline(sw.prompt_len, n_sink, causal=not encoder, window=w,
-                                              rows=sink_rows(sw.prompt_len, n_sink, w, causal=not encoder))
+                                              rows=sink_rows(sw.prompt_len, n_sink, w, causal=not encoder), slopes=slopes)
                              for w in windows] for sw in sweeps], dtype=torch.float64)  # [examples, layer]
     baseline = float(uniform.mean())
+    flat = None if slopes is None or encoder else torch.tensor(  # the uniform share beside ALiBi's, for the words
+        [[uniform_baseline(sw.prompt_len, n_sink, window=w, rows=sink_rows(sw.prompt_len, n_sink, w)) for w in windows]
+         for sw in sweeps], dtype=torch.float64)
     per_layer = layer_sinks(torch.stack([o.sink_mass.double().mean((0, 2)) for o in outs]),  # [examples, layer]
-                            uniform)  # over examples, the kv analysis's sink criterion
+                            uniform, flat)  # over examples, the kv analysis's sink criterion
     sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer,
                           "baseline": [e["uniform"] for e in per_layer],
                           "ci_low": [(e["ci"] or [math.nan])[0] for e in per_layer],
@@ -458,6 +464,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         **no_gold_summary(no_gold_base, curve_df),
         "sink_mass_per_layer": sink_by_layer,
         "sink_uniform_baseline": baseline,
+        "sink_baseline": "alibi" if slopes is not None and not encoder else "uniform",  # what that baseline is
         "sinks": per_layer,
         "n_sink": n_sink,
         # {layer: window} of the sliding-window layers, whose sink mass averages the queries that see the first token

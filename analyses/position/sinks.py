@@ -3,7 +3,8 @@
 Sink mass of a layer: the mean over batch, heads and query positions q of
 sum_{k < n_sink} A[q, k]. Under uniform causal attention it would be n_sink / (q + 1) (all keys
 visible to an encoder: n_sink / n_keys); the ratio of the two says how much attention parks on
-the first tokens. Query positions q < n_sink are left out by default (there every key is a sink
+the first tokens. On an ALiBi model the baseline is what its position bias alone gives the sinks
+(equal scores; uniform_baseline's slopes). Query positions q < n_sink are left out by default (there every key is a sink
 and the mass is 1 by construction).
 
 The StreamingLLM mask keeps, for query q, the keys k < n_sink and q - window < k <= q
@@ -24,6 +25,7 @@ from headscope.analyses.core.chance import t_half_width
 from headscope.errors import ConfigError
 from headscope.hooks.patterns import keep_scores
 from headscope.hooks.sites import site
+from headscope.models.alibi import first_key_share
 from headscope.models.hooked_model import visible_keys
 
 
@@ -69,14 +71,18 @@ def sink_mass_sum(pattern: torch.Tensor, queries: torch.Tensor, n_sink: int, row
 
 def uniform_baseline(
     n_q: int, n_sink: int, *, causal: bool = True, q_start: int | None = None, n_keys: int | None = None,
-    window: int | None = None, rows: torch.Tensor | None = None,
+    window: int | None = None, rows: torch.Tensor | None = None, slopes: torch.Tensor | None = None,
 ) -> float:
     """The sink mass uniform attention would give over the same query rows: the mean over them of the
     share of the keys query q sees that are sinks, n_sink / (q + 1). A sliding-window layer (`window`,
     models.layer_windows) sees only keys q - window < k <= q: the sinks still inside its window over
     the min(q + 1, window) keys it sees (0 once the sinks left the window). rows: the query positions
-    averaged over, when not query_rows' (e.g. only those whose window holds the first token)."""
+    averaged over, when not query_rows' (e.g. only those whose window holds the first token). slopes: an
+    ALiBi model's [head] slopes (models.alibi_slopes; review 16c B1): the share ALiBi's bias alone gives the
+    sinks with equal scores, each head's (models.alibi.first_key_share), averaged over heads as the mass is."""
     rows = (query_rows(n_q, n_sink, causal=causal, q_start=q_start) if rows is None else rows).double()
+    if slopes is not None and causal:
+        return float(first_key_share(slopes, rows, n_sink, window).mean())
     visible = rows + 1 if causal else torch.full_like(rows, float(n_keys or n_q))
     sinks_seen = torch.full_like(rows, float(n_sink))
     if causal and window is not None:
@@ -115,7 +121,7 @@ def streaming_attention(model: Any, *, n_sink: int, window: int, keep_sinks: boo
 SINK_RATIO = 1.5  # a layer is a sink when its mass is at least this many times the uniform share ...
 
 
-def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor) -> list[dict[str, Any]]:
+def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor, flat: torch.Tensor | None = None) -> list[dict[str, Any]]:
     """Per layer, the sink mass over examples against the uniform share, with the one sink criterion
     the kv and position findings share. mass [examples, layer]: each example's mean (over heads and
     query rows) mass on the sinks; uniform [examples] (every layer alike) or [examples, layer] (each
@@ -123,10 +129,13 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor) -> list[dict[str, Any
 
     Returns per layer {"layer", "mass", "uniform" (means), "ci" (95% t interval of the mean mass), "excess_ci"
     (of the paired mean mass - uniform), "ratio" (mass / uniform), "n", "sink"}: sink = ratio >=
-    SINK_RATIO and the excess's interval above 0 (n >= 2; with one example, the ratio alone)."""
+    SINK_RATIO and the excess's interval above 0 (n >= 2; with one example, the ratio alone). flat: where
+    `uniform` is ALiBi's baseline, the uniform share itself, shaped as uniform, recorded as "flat" for the words."""
     mass, uniform = mass.double(), uniform.double()
     if uniform.dim() == 1:
         uniform = uniform[:, None].expand_as(mass)  # [examples, layer]
+    if flat is not None and flat.dim() == 1:
+        flat = flat[:, None].expand_as(mass)
     n = mass.shape[0]
 
     def interval(x: torch.Tensor) -> list[float] | None:  # x [examples]; torch's sd and mean, as the table's
@@ -141,5 +150,6 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor) -> list[dict[str, Any
         excess = interval(mass[:, layer] - uniform[:, layer])
         ratio = m / u if u > 0 else float("inf")
         out.append({"layer": layer, "mass": m, "uniform": u, "ci": interval(mass[:, layer]), "excess_ci": excess,
-                    "ratio": ratio, "n": n, "sink": bool(ratio >= SINK_RATIO and (excess is None or excess[0] > 0))})
+                    "ratio": ratio, "n": n, "sink": bool(ratio >= SINK_RATIO and (excess is None or excess[0] > 0)),
+                    **({} if flat is None else {"flat": float(flat[:, layer].double().mean())})})
     return out

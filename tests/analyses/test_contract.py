@@ -122,7 +122,11 @@ def test_spans_examples_and_classes():
 def test_position_runs_on_its_own_data_and_names():
     position = needs("position")
     reasons = task_reasons(position, task(corrupted=True, wrong=True), DECODER)
-    assert len(reasons) == 1 and reasons[0].startswith("it runs on its own data")
+    # review 16c B3: why a prompt/answer file is not swept, even one that places its answers early / middle / late
+    assert reasons == ["it runs on its own data (retrieval sweeps that move the gold item through the context), not on "
+                       "prompt/answer tasks: each row of one is a fixed prompt with its answer where the row put it, "
+                       "so placements the file varies itself (early, middle, late) are not read either; its --task "
+                       "takes a JSONL file of its own records"]
     assert check(position, "kv", DECODER) == [] and check(position, "json_kv", DECODER) == []
 
 

@@ -1150,6 +1150,10 @@ def test_kv_sinks_draws_each_layers_interval_over_prompts():
         [bars] = [c for c in ax.containers if getattr(c, "errorbar", None) is not None and c.errorbar is not None]
         segments = bars.errorbar.lines[2][0].get_segments()
         assert [tuple(np.round(seg[:, 1], 3)) for seg in segments] == [(0.14, 0.16), (0.31, 0.34), (0.09, 0.11)]
+        assert [t.get_text() for t in ax.get_legend().get_texts()][1] == "if uniform"
+        # review 16c B1: an ALiBi model's table carries the uniform share as flat_mass; its baseline is ALiBi's
+        alibi = plot_sinks(sinks.assign(flat_mass=0.25), ax=plt.subplots()[1])
+        assert [t.get_text() for t in alibi.get_legend().get_texts()][1] == "ALiBi's bias alone\n(equal scores)"
     finally:
         plt.close("all")
 
@@ -1170,12 +1174,35 @@ def test_position_sinks_draws_each_layers_interval_from_the_sinks_table():
         assert [round(b.get_height(), 4) for b in bars] == [0.1309, 0.0716]
         segments = bars.errorbar.lines[2][0].get_segments()
         assert [tuple(np.round(seg[:, 1], 4)) for seg in segments] == [(0.1298, 0.1320), (0.0644, 0.0788)]
-        assert ax.get_ylim()[1] >= 0.1320 and "95% t interval" in ax.get_title()
+        assert ax.get_ylim()[1] >= 0.1320 and any("95% t interval" in t.get_text() for t in ax.get_legend().get_texts())
         bare = plot_sink_mass(sinks.drop(columns=["ci_low", "ci_high"]), n_sink=4, ax=plt.subplots()[1])
         assert all(c.errorbar is None for c in bare.containers if isinstance(c, BarContainer))
         assert "no interval recorded" in bare.get_title()
     finally:
         plt.close("all")
+
+
+def test_position_sinks_title_is_one_line_at_the_reports_size():
+    """Review 16c C3: the title 'attention sink per layer (error bars: 95% t interval of the mean over examples)'
+    wrapped to five lines over a small axes in a narrow column. It is one short line now, its detail in the legend
+    (and the caption); the ALiBi baseline is named in the legend where the summary says so (review 16c B1)."""
+    from headscope.reports import plots_position
+    from headscope.reports.plots import fit_labels
+
+    sinks = pd.DataFrame({"layer": [0, 1, 2], "sink_mass": [0.04, 0.02, 0.17], "baseline": [0.052] * 3,
+                          "ci_low": [0.03, 0.02, 0.17], "ci_high": [0.04, 0.03, 0.17], "ratio": [0.7, 0.4, 3.3],
+                          "sink": [False, False, True]})
+    for kind, named in ((None, "uniform attention"), ("alibi", "ALiBi's bias alone\n(equal scores)")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        try:
+            plots_position.plot_sink_mass(sinks, n_sink=1, ax=ax, baseline_kind=kind)
+            fig.tight_layout()
+            fit_labels(ax)  # as figures() draws it: the title stays one line at 7 x 4 in
+            assert ax.get_title() == "attention sink per layer" and ax.get_title().count("\n") + 1 == 1
+            legend = [t.get_text() for t in ax.get_legend().get_texts()]
+            assert named in legend and "measured (error bars:\n95% t interval of the\nmean over examples)" in legend
+        finally:
+            plt.close(fig)
 
 
 def test_position_sinks_y_label_stays_below_the_title():
