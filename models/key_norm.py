@@ -1,7 +1,8 @@
 """Whether a model normalises its keys before caching them, and what that fixes about their norms.
 
-Qwen3 and Gemma 3 run an RMSNorm over each KV head's d_head entries of every key (`k_norm`), OLMo 2 one
-over all KV heads together, before RoPE (a rotation, which keeps norms) and before the cache. A
+Qwen3 and Gemma 3 run an RMSNorm over each KV head's d_head entries of every key (`k_norm`), Cohere a
+LayerNorm per KV head with one weight row per head ([n_kv_heads, d_head]), OLMo 2 one over all KV heads
+together, before RoPE (a rotation, which keeps norms) and before the cache. A
 normalised vector x / rms(x) has norm sqrt(n) over its n entries, so the cached key g * x / rms(x)
 (g the norm's effective per-entry weight: Gemma's 1 + weight included) has a norm between
 sqrt(n) x min|g| and sqrt(n) x max|g| (a bias b widens that by |b|), whatever the input: on such a
@@ -42,23 +43,26 @@ class KeyNorm:
 
 @torch.no_grad()
 def norm_range(module: torch.nn.Module, name: str, d_head: int) -> KeyNorm | None:
-    """The KeyNorm of one Hugging Face norm module (see the module doc), or None when it does not take a
-    [1, dim] input (a list of per-head norms)."""
+    """The KeyNorm of one Hugging Face norm module (see the module doc), or None when it takes no input of
+    its weight's shape (a list of per-head norms). A weight of shape [n_heads, d_head] (Cohere's per-head
+    LayerNorm, one weight row per KV head) is probed with x of shape [1, n_heads, d_head]: each head's row is
+    normalised over its d_head entries, and the gain range is taken over every head's entries."""
     weight = getattr(module, "weight", None)
-    dim = int(weight.shape[-1]) if isinstance(weight, torch.Tensor) and weight.ndim else \
-        int((getattr(module, "normalized_shape", None) or (d_head,))[-1])
+    shape = tuple(int(v) for v in weight.shape) if isinstance(weight, torch.Tensor) and weight.ndim else \
+        (int((getattr(module, "normalized_shape", None) or (d_head,))[-1]),)
+    dim = shape[-1]
     param = next(module.parameters(), None)
     like = dict(dtype=param.dtype, device=param.device) if param is not None else {}
-    x = torch.ones(1, dim, **like)  # [1, dim]
-    x[:, 1::2] = -1  # mean 0, rms 1
+    x = torch.ones(1, *shape, **like)  # [1, dim] or [1, n_heads, d_head]
+    x[..., 1::2] = -1  # mean 0, rms 1 over the last dim
     try:
-        up, down = module(x).float(), module(-x).float()  # [1, dim]
+        up, down = module(x).float(), module(-x).float()  # x's shape
     except (RuntimeError, TypeError, ValueError):  # a norm that wants another layout (per-head module lists)
         return None
     if up.shape != x.shape:
         return None
-    gain = ((up - down) / 2).abs()[0]  # [dim]
-    shift = float(((up + down) / 2).norm())
+    gain = ((up - down) / 2).abs().reshape(-1, dim)  # [heads, dim]
+    shift = float(((up + down) / 2).reshape(-1, dim).norm(dim=-1).max())
     lo, hi = float(gain.min()), float(gain.max())
     return KeyNorm(module=name, kind=type(module).__name__, per_head=dim == d_head, dim=dim, gain=(lo, hi),
                    bounds=(max(0.0, math.sqrt(dim) * lo - shift), math.sqrt(dim) * hi + shift))

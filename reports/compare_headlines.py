@@ -457,5 +457,5 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             verdict = noise_verdict(va, vb, ia, ib)  # review 14b C1: a small difference is listed as within noise
             notes.append((SAME if verdict.startswith(" (within noise") else "") + f"{label}: A {va:.3g}, B {vb:.3g} "
                          f"({n})" + verdict)
-        notes += _verdict_notes(name, sa, sb) + (_dla_top_note(sa, sb) if name == "circuits" else [])
+        notes += _verdict_notes(name, sa, sb, a, b) + (_dla_top_note(sa, sb) if name == "circuits" else [])
     return notes + more_notes(a, b)

@@ -364,6 +364,21 @@ def same_rows(a: Run, b: Run, name: str) -> bool:
 MEASURED_ROUNDING = {("heads", "unpruned"): "noise_floor"}  # (analysis, word of its headline): its rounding's summary key
 
 
+def settings_apart(a: Run, b: Run, name: str) -> str:
+    """The settings analysis `name` ran with that differ between A and B as their budgets left them ('n_permutations A
+    20, B 10'; '' where none differs): a budget change is recorded as {setting: [preset, used]}, and a setting one run
+    did not change ran at the other's preset (review 16c C1)."""
+    changed = [((r.provenance(name) or {}).get("budget_changed") or {}) for r in (a, b)]
+    out = []
+    for key in sorted(set(changed[0]) | set(changed[1])):
+        pair = [c.get(key) if isinstance(c.get(key), (list, tuple)) and len(c.get(key)) == 2 else None for c in changed]
+        preset = next((p[0] for p in pair if p is not None), None)
+        used = [preset if p is None else p[1] for p in pair]
+        if used[0] != used[1]:
+            out.append(f"{key} A {used[0]}, B {used[1]}")
+    return "; ".join(out)
+
+
 def precision_verdict(a: Run, b: Run, name: str, va: float, vb: float, label: str = "") -> str | None:
     """Where A and B are one model run at two dtypes (precision_only) on the same examples of analysis `name`
     (same_rows): the words that replace a sampling-noise verdict (review 15c B3: the whole |B - A| of two runs of
@@ -375,6 +390,11 @@ def precision_verdict(a: Run, b: Run, name: str, va: float, vb: float, label: st
         return None
     low = dtype_of((a, b)[sides[1]])
     dtypes = f"A {dtype_of(a)}, B {dtype_of(b)}"
+    if apart := settings_apart(a, b, name):  # review 16c C1: B's budget cut its permutations from 20 to 10
+        return (f" (not a rounding difference alone: one model on the same examples in two dtypes ({dtypes}), but the "
+                f"two runs' {name} settings differ ({apart}), so |B - A| = {abs(vb - va):.3g} is {low}'s rounding and "
+                "the settings together, which neither run measures apart; the examples' sampling intervals do not "
+                "judge it).")
     if va == vb:
         return f" (the same value in both dtypes ({dtypes}), one model on the same examples: {low}'s rounding does not move it)."
     said = (f" (a rounding difference, not sampling noise: one model on the same examples, run in two dtypes ({dtypes}), "

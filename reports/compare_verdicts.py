@@ -242,9 +242,25 @@ def _kv_unsettled(label: str, keys: list[str], va: Mapping[str, Any], vb: Mappin
     return "; ".join(why)
 
 
-def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
+def _rounding_flip(a: Any, b: Any, name: str) -> str:
+    """Review 16a B1: where A and B are one model on the same examples in two dtypes with the same settings
+    (compare_run.precision_verdict's premise), a verdict that moved is the lower precision's rounding, not another
+    sample: the words that say so ('' otherwise, or without the runs)."""
+    from headscope.reports.compare_run import dtype_of, precision_only, same_rows, settings_apart
+
+    if a is None or b is None or (sides := precision_only(a, b)) is None or not same_rows(a, b, name) \
+            or settings_apart(a, b, name):
+        return ""
+    return (f" (a rounding difference, not sampling noise: one model on the same examples, run in two dtypes (A "
+            f"{dtype_of(a)}, B {dtype_of(b)}), so the verdict moved with {dtype_of((a, b)[sides[1]])}'s rounding, "
+            "a test near its threshold on either side of it)")
+
+
+def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any], run_a: Any = None,
+                   run_b: Any = None) -> list[str]:
     """Each VERDICTS headline of both runs: the same words (SAME), or a difference with the budgets whose verdicts
-    differ, or one run's only (not compared); for kv also the policy each finding ends on (_kv_closest_note)."""
+    differ (a rounding difference where the runs `run_a` and `run_b` are one model in two dtypes, _rounding_flip), or one
+    run's only (not compared); for kv also the policy each finding ends on (_kv_closest_note)."""
     get = VERDICTS.get(name)
     if get is None:
         return []
@@ -262,6 +278,7 @@ def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> l
             continue
         moved = [f"{k}: {va.get(k, 'not run')} in A, {vb.get(k, 'not run')} in B" for k in keys if va.get(k) != vb.get(k)]
         said = (f"A and B {wa}" if wa == wb else f"A {wa}, B {wb}") + (
-            f" (budget verdicts that differ: {'; '.join(moved)})" if moved else "")
+            f" (budget verdicts that differ: {'; '.join(moved)})" if moved else "") + (
+            _rounding_flip(run_a, run_b, name) if ka != kb and name == "mlp" else "")  # mlp's p-value verdicts
         notes.append((SAME + f"{label}: the same verdict: " if ka == kb else f"{label}: ") + said + ".")
     return notes + (_kv_closest_note(sa, sb) if name == "kv" else [])

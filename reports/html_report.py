@@ -331,10 +331,11 @@ def _kv_clause(model: Mapping[str, Any]) -> str:
     return f" (1 KV head: {kind} attention)" if kv == 1 else f" ({kv} KV heads: {kind} attention)"
 
 
-def scalings_clause(model: Mapping[str, Any]) -> str:
+def scalings_clause(model: Mapping[str, Any], ran: Sequence[str] | None = None) -> str:
     """The model's own scalings where they are not 1 (review 15a C3: Granite's multipliers), e.g. "scalings:
-    embedding x12, residual writes x0.22, attention scores x0.0078125 (not 1/sqrt(d_head)), logits x0.125
-    (DLA, the lens and the mlp section's norms and logits include them)", else ''."""
+    embedding x12, residual writes x0.22, attention scores x0.0078125 (not 1/sqrt(d_head)), logits x0.125 (1/8)
+    (the circuits and mlp numbers include them)", else ''. ran: the analyses that produced results; the clause names
+    only those of circuits and mlp (review 16a C2: "the circuits ... numbers" on a report whose circuits failed)."""
     def num(v: Any) -> float | None:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
@@ -350,8 +351,8 @@ def scalings_clause(model: Mapping[str, Any]) -> str:
         parts.append(f"logits x{logit:.6g}" + (f" (1/{1 / logit:.6g})" if logit < 1 else ""))
     if not parts:
         return ""
-    return (f", scalings: {', '.join(parts)} (the circuits and mlp numbers "
-            "include them)")
+    which = [n for n in ("circuits", "mlp") if ran is None or n in ran]
+    return f", scalings: {', '.join(parts)}" + (f" (the {' and '.join(which)} numbers include them)" if which else "")
 
 
 def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str], model: Mapping[str, Any],
@@ -395,7 +396,8 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     experts = layout_clause(model.get("experts_per_layer"), model.get("n_layers"), model.get("d_mlp"))
     if experts:  # review 11c A3: which blocks are mixtures of experts, and the dense ones among them
         facts += f", {experts}"
-    facts += scalings_clause(model)  # review 15a C3: Granite's multipliers decide what the units mean
+    ran = [n for n in names if str(status.get(n, "")).startswith("done")]  # review 16a C2: the sections with numbers
+    facts += scalings_clause(model, ran)  # review 15a C3: Granite's multipliers decide what the units mean
     if model.get("tied_embeddings"):  # review 9b C2: the unembedding is the embedding (DLA and the lens read it)
         facts += ", tied embeddings"
     if model.get("parallel_blocks"):  # review 8 C2: mlpL reads the block's input, as layer L's heads do

@@ -207,3 +207,15 @@ def _norm_interval_sentence(records: Mapping[str, Mapping[str, Any]], skip: set[
     return (f"The first key's norm over the other keys' per layer (each prompt's ratio, mean over {n} prompts, 95% CI"
             f"{'; ' + '; '.join(which) if which else ''}): {listed}: {verdict}."
             + (_all_heads_note(key_norm) if all_heads else ""))
+
+
+def distance_sentence(s: Mapping[str, Any]) -> str:
+    """Review 16c B2 (BLOOM): which query-key distances the eviction runs keep on a model with a position bias on its
+    scores (the summary's position_bias): those of the full prompt (the evicted keys are hidden from the last query),
+    not the re-counted distances of a cache that drops them (Hugging Face's mask-based eviction rebuilds ALiBi from the
+    kept keys: -12.066 against -12.0757 on review 16c's prompt); '' elsewhere."""
+    if s.get("position_bias") != "alibi":
+        return ""
+    return ("Evicted runs keep each kept key's ALiBi distance in the full prompt (evicted keys hidden, not removed; a "
+            "cache that re-counts the kept keys' positions gives slightly different numbers).")
+

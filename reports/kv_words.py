@@ -12,7 +12,7 @@ from typing import Any
 
 from headscope.analyses.core.chance import clear_of
 from headscope.reports.findings import _chance, _num, _words, sink_sentence
-from headscope.reports.kv_cache_words import _gqa, _norm_sentence, _size_sentence
+from headscope.reports.kv_cache_words import _gqa, _norm_sentence, _size_sentence, distance_sentence
 from headscope.reports.kv_numbers import (
     SHORT_UNITS,
     _answers,
@@ -176,4 +176,5 @@ def finding(s: Mapping[str, Any]) -> str:
         if not saving:
             parts.append("No eviction policy saves anything here: every policy needs the whole context"
                          + (f" ({context:.0f} positions)" if context else "") + " to stay within 1% (or never gets there).")
-    return " ".join(parts)
+    evicted = full is not None and _chance(s) is None and (isinstance(hold, Mapping) or budgets)  # eviction reported
+    return " ".join(parts + ([distance_sentence(s)] if evicted and distance_sentence(s) else []))

@@ -424,9 +424,12 @@ def _against_wrong(s: Mapping[str, Any], count: int) -> str | None:
 
 
 def _corrected(pooled: float, n_layers: int) -> tuple[int, float, str]:
-    """(n_layers, the pooled p Bonferroni-corrected for picking the best of them, "differ" | "cannot be told apart")."""
+    """(n_layers, the pooled p Bonferroni-corrected for picking the best of them, "differ" | "differ, marginally" |
+    "cannot be told apart"): a corrected p from alpha / 5 up to alpha is "marginally", as probes' chance verdict
+    (review 16a B1: "the layers differ" at p_Bonferroni = 0.047, "cannot be told apart" at 0.066 in bfloat16)."""
     corrected = min(1.0, n_layers * pooled)
-    return n_layers, corrected, "differ" if corrected < chance.ALPHA else "cannot be told apart"
+    return n_layers, corrected, ("cannot be told apart" if corrected >= chance.ALPHA else
+                                 "differ, marginally" if corrected >= chance.ALPHA / 5 else "differ")
 
 
 def between_layers(s: Mapping[str, Any]) -> str | None:
@@ -505,7 +508,9 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
         fix = (f" ({_p(corrected).replace('p ', 'p_Bonferroni ', 1)} for picking the best of {n_layers} layers)"
                if n_layers > 1 else "")
         out.append(f"Between layers: layer {best} against the others pooled ({k_others} of {sum(sizes[l] for l in others)}) "
-                   f"{_p(pooled)}{fix}, so the layers {differ}" + (f"; against each, uncorrected, {pairs}" if pairs else "")
+                   f"{_p(pooled)}{fix}, so the layers {differ}"
+                   + (f" (corrected p between {chance.ALPHA / 5:g} and {chance.ALPHA:g})" if "marginally" in differ else "")
+                   + (f"; against each, uncorrected, {pairs}" if pairs else "")
                    + " (Fisher's exact test; the best layer is picked after looking, so the verdict reads the "
                    "Bonferroni-corrected p).")
     return out

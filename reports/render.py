@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -114,11 +115,19 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
 _MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_{}[]()#+!|~"})
 
 
+_MD_TAG = re.compile(r"<(?=[A-Za-z/!?])")  # a '<' that would open a tag, a comment or an autolink
+_MD_ENTITY = re.compile(r"&(?=#?\w+;)")  # an '&' that would start an entity reference ("&lt;" shown as "<")
+
+
 def md_escape(text: Any) -> str:
-    """Text safe in Markdown: HTML-escaped (no raw tags survive a Markdown renderer) and Markdown's
-    punctuation backslash-escaped (no links, images, emphasis or table cells from user strings);
-    newlines become spaces."""
-    return escape(" ".join(str(text).split()).translate(_MD_SPECIAL))
+    """Text safe in Markdown and readable as text (review 16a C3: "the block&#x27;s input", "p &lt; 0.001" in
+    report.md): Markdown's punctuation backslash-escaped (no links, images, emphasis or table cells from user
+    strings), a '<' that would open a tag (or autolink, comment) and an '&' that would start an entity reference
+    written as entities, a leading '>' (a block quote) backslash-escaped; every other character as it is ("it's",
+    "p < 0.001", "->"); newlines become spaces."""
+    out = _MD_ENTITY.sub("&amp;", " ".join(str(text).split()).translate(_MD_SPECIAL))
+    out = _MD_TAG.sub("&lt;", out)
+    return "\\" + out if out.startswith(">") else out
 
 
 def escape(text: Any) -> str:

@@ -453,6 +453,9 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         # keys normalised before caching (a k_norm in every layer): their norms are fixed, the ratio above shows no sink
         "keys_normalised": key_norm is not None and len(key_norm["layers"]) == model.facts.n_layers,
         "key_norm": key_norm,
+        # review 16c B2: a position bias on the scores (ALiBi): the eviction runs keep each kept key's distance in
+        # the full prompt (keys hidden from the last query), where a deployed cache may re-count the kept keys
+        **({"position_bias": "alibi"} if model.facts.positional == "alibi" else {}),
         "task": task.name,
         # review 10b A1: the first key is a BOS headscope put in front (the tokenizer adds none), on every row
         "first_token_added_bos": _added_bos_first(model, task),

@@ -283,10 +283,27 @@ def test_a_task_other_than_the_analysis_ran_on_falls_back_to_the_reported_mean(a
     model, task = arch_models("gpt2"), mixed_tasks("gpt2")
     own = chance.model_on_task(model, task)
     assert own["ci"] is not None and own["task"] == task.name
-    assert chance.model_on_task(model, task, expected_mean=own["mean"] + 1e-6)["ci"] == own["ci"]
+    near = chance.model_on_task(model, task, expected_mean=own["mean"] + 1e-6)  # the same rows, another pass's rounding
+    assert near["ci"] == pytest.approx([own["ci"][0] + 1e-6, own["ci"][1] + 1e-6], abs=1e-9)
     other = chance.model_on_task(model, task, expected_mean=5.0)  # the analysis reported another mean
     assert other["ci"] is None and other["mean"] == 5.0 and other["at_chance"] is False
     assert "no per-example values" in other["reason"]
+
+
+def test_a_logit_difference_record_is_centred_on_the_analysis_own_mean_within_rounding(arch_models, mixed_tasks):
+    """Review 16a B2: heads' summary held baseline_metric 3.8203 (its pass) and chance.mean 3.8242 (the guard's own
+    bfloat16 pass on the same 16 rows); the finding quoted the second, compare the first. Within the rounding
+    tolerance the record is the analysis's mean with the guard pass's spread: the t interval (scipy) of the clean
+    values (row by row, unpadded) shifted to that mean."""
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    assert task.metric == "logit_diff"
+    values = np.array([_alone(model, task, i) for i in range(len(task))])
+    reported = float(values.mean()) + 5e-4  # inside the 1e-3 tolerance: rounding, not another task
+    got = chance.model_on_task(model, task, expected_mean=reported)
+    shifted = values - values.mean() + reported
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=shifted.mean(), scale=stats.sem(shifted))
+    assert got["mean"] == pytest.approx(reported, abs=1e-9)
+    assert got["ci"] == pytest.approx([low, high], abs=1e-4)
 
 
 def test_below_chance_the_corrupted_prompts_tell_a_prompt_independent_preference(arch_models, mixed_tasks):

@@ -1681,8 +1681,8 @@ def test_compare_lists_every_headline_of_either_report(tmp_path):
             "positions (a median 80% of the cache) (budget verdicts that differ: 16: holds in A, not shown in B).") in notes
     assert (f"mlp between-layer agreement: A layer 1 against the others pooled: the layers cannot be told apart "
             f"(p = {p_a:.2g}, p_Bonferroni = {min(1, 3 * p_a):.2g} over 3 layers), B layer 1 against the others pooled: "
-            f"the layers differ (p = {p_b:.2g}, p_Bonferroni = {3 * p_b:.2g} over 3 layers).") in notes, notes
-    assert "so the layers differ" in finding("mlp", b.summary("mlp"))  # what B's own report states
+            f"the layers differ, marginally (p = {p_b:.2g}, p_Bonferroni = {3 * p_b:.2g} over 3 layers).") in notes, notes
+    assert "so the layers differ, marginally" in finding("mlp", b.summary("mlp"))  # B's own report (16a B1: 0.019)
     for name in ("kv", "mlp"):  # no headline of either report is silently missing
         labels = {q[0] for s in (a.summary(name), b.summary(name)) for q in QUANTITIES[name](s)
                   if isinstance(q[1], (int, float))} | {v[0] for s in (a.summary(name), b.summary(name))

@@ -226,3 +226,69 @@ def test_compare_band_of_a_dtype_copy_says_its_measured_gradient_rounding_leaves
                    {"rounding_gradient": 6.5e-05, "rounding_gradient_source": "measured"})
     rule = next(n for n in importance_figure(a, c)[1] if "B - A head importance" in n)  # other weights: no such words
     assert "B 6.5e-05 (measured))" in rule and "two dtypes" not in rule
+
+
+PERM = {"n_examples": 4, "permutation_layer": 2, "permutation_metric_change": -2.51, "permutation_metric_change_n": 4,
+        "permutation_metric_change_sd": 1.4}
+
+
+def test_a_dtype_pair_whose_settings_differ_is_not_called_rounding(tmp_path):
+    """Review 16c C1: B's budget cut n_permutations 20 -> 10 (A ran the preset 20); compare called the permutation
+    means' gap 'a rounding difference' though they average different numbers of random permutations."""
+    from headscope.reports.compare_run import settings_apart
+
+    fp32, bf16, _ = _folders(tmp_path)
+    a = _run(tmp_path / "a", fp32, "float32", PERM)
+    cut = {**PERM, "permutation_metric_change": -2.56, "budget": {"changed": {"n_permutations": [20, 10]}}}
+    b = _run(tmp_path / "b", bf16, "bfloat16", cut)
+    assert settings_apart(a, b, "attribution") == "n_permutations A 20, B 10"
+    [note] = [n for n in headline_notes(a, b) if "permutation test: mean change" in n]
+    assert "(a rounding difference" not in note and not note.startswith(SAME)
+    assert note == ("attribution permutation test: mean change of the metric: A -2.51, B -2.56 (n 4 each) (not "
+                    "a rounding difference alone: one model on the same examples in two dtypes (A float32, B bfloat16), "
+                    "but the two runs' attribution settings differ (n_permutations A 20, B 10), so |B - A| = 0.05 is "
+                    "bfloat16's rounding and the settings together, which neither run measures apart; the examples' "
+                    "sampling intervals do not judge it)."), note
+    same_cut = _run(tmp_path / "c", fp32, "float32", {**PERM, "budget": {"changed": {"n_permutations": [20, 10]}}})
+    assert settings_apart(same_cut, b, "attribution") == ""  # the same change in both: the same settings
+    [note] = [n for n in headline_notes(same_cut, b) if "permutation test: mean change" in n]
+    assert "(a rounding difference, not sampling noise" in note
+
+
+def _mlp_run(root, folder, dtype, others_k):
+    """An mlp run on task fill: layer 1 agrees on 41 of 192 neurons, layers 0 and 2 on others_k of 384 together
+    (review 16a B1's counts: 51 in float32, 52 in bfloat16)."""
+    counts = {"0": others_k - 20, "1": 41, "2": 20}
+    io.write_json(root / "manifest.json", {
+        "model": {"name": f"./{folder.name}", "source": str(folder)}, "seed": 0,
+        "config": {"analyses": ["mlp"], "task": "fill.csv", "dtype": dtype, "quick": True, "n_examples": None}})
+    io.write_json(root / "mlp" / "summary.json", {
+        "agreement_per_layer": {k: v / 192 for k, v in counts.items()}, "agreement_count_per_layer": counts,
+        "agreement_shuffled_count_per_layer": {"0": 10, "1": 10, "2": 10},
+        "agreement_shuffled_per_layer": {k: 10 / 192 for k in counts}, "n_neurons_per_layer": 192, "n_prefixes": 374})
+    io.write_json(root / "mlp" / "task.json", {"task": "fill", "source": "your task (fill.csv)", "n_examples": 16,
+                                               "rows": list(range(16)), "sample": {"prompt": "Ann has a <mask> hat."}})
+    return Run(root)
+
+
+def test_mlp_between_layer_flip_on_a_dtype_pair_is_rounding_and_marginal_is_said(tmp_path):
+    """Review 16a B1: p_Bonferroni 0.047 (float32) against 0.066 (bfloat16) on the same pooled counts was listed as a
+    difference in the model, and the float32 finding said "the layers differ" at 0.047 without "marginally". Fisher's
+    exact test by scipy on 41 of 192 against 51 (52) of 384."""
+    from scipy.stats import fisher_exact
+
+    from headscope.reports.findings import finding
+
+    p_a, p_b = fisher_exact([[41, 151], [51, 333]])[1], fisher_exact([[41, 151], [52, 332]])[1]
+    assert 0.01 < 3 * p_a < 0.05 < 3 * p_b  # the premise: the two corrected p's either side of 0.05
+    fp32, bf16, _ = _folders(tmp_path)
+    a, b = _mlp_run(tmp_path / "a", fp32, "float32", 51), _mlp_run(tmp_path / "b", bf16, "bfloat16", 52)
+    assert (f"(51 of 384) p = {p_a:.2g} (p_Bonferroni = {3 * p_a:.2g} for picking the best of 3 layers), so the layers "
+            "differ, marginally (corrected p between 0.01 and 0.05)") in finding("mlp", a.summary("mlp"))
+    [note] = [n for n in headline_notes(a, b) if n.startswith("mlp between-layer")]
+    assert note == (f"mlp between-layer agreement: A layer 1 against the others pooled: the layers differ, marginally "
+                    f"(p = {p_a:.2g}, p_Bonferroni = {3 * p_a:.2g} over 3 layers), B layer 1 against the others pooled: "
+                    f"the layers cannot be told apart (p = {p_b:.2g}, p_Bonferroni = {3 * p_b:.2g} over 3 layers) (a "
+                    "rounding difference, not sampling noise: one model on the same examples, run in two dtypes (A "
+                    "float32, B bfloat16), so the verdict moved with bfloat16's rounding, a test near its threshold on "
+                    "either side of it)."), note

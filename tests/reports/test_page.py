@@ -77,10 +77,27 @@ def test_user_strings_are_escaped_in_html_and_markdown(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert XSS not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
     assert XSS not in md and "<img" not in md
-    assert r"&lt;img src=x onerror=alert\(1\)&gt;" in md  # the task (provenance) and the error (findings, section)
+    assert r"&lt;img src=x onerror=alert\(1\)>" in md  # the task (provenance) and the error (findings, section)
     assert md.count(r"onerror=alert\(1\)") >= 3
     assert md_escape("[a](javascript:x) *b* | c_d") == r"\[a\]\(javascript:x\) \*b\* \| c\_d"
-    assert md_escape("it's") == "it&#x27;s"  # the HTML entity keeps its '#'
+
+
+def test_markdown_escape_keeps_plain_punctuation_and_renders_back_to_the_text():
+    """Review 16a C3: report.md read "the block&#x27;s input", "p &lt; 0.001", "-&gt;". Only a '<' that opens a tag
+    and an '&' that starts an entity are entities now; a CommonMark renderer (markdown-it, raw HTML on) gives back
+    each string as typed, and no tag."""
+    from html import unescape
+
+    from markdown_it import MarkdownIt
+
+    assert md_escape("the block's input: p < 0.001, A -> B") == "the block's input: p < 0.001, A -> B"
+    assert md_escape(XSS) == r"&lt;img src=x onerror=alert\(1\)>" and md_escape("> no quote") == r"\> no quote"
+    render = MarkdownIt("commonmark", {"html": True})
+    for text in ("the block's input: p < 0.001, A -> B", XSS, "&lt;b&gt; & co", "> no quote", "[a](javascript:x) *b*",
+                 "</p><script>x</script>", "<http://example.com>", "x<3 & y>2"):
+        page = render.render(md_escape(text))
+        assert "<img" not in page and "<script" not in page and "<a " not in page and "<blockquote" not in page
+        assert unescape(page.strip().removeprefix("<p>").removesuffix("</p>")) == text, (text, page)
 
 
 def test_files_honour_the_umask(tmp_path):
@@ -204,3 +221,20 @@ def test_header_names_kv_heads_and_tied_embeddings(tmp_path, tiny_models):
         model = tiny_models[family]
         assert _tied_embeddings(model) is bool(model.bridge.original_model.config.tie_word_embeddings)
     assert [_tied_embeddings(tiny_models[f]) for f in ("gpt2", "llama")] == [True, False]
+
+
+def test_header_names_the_scalings_numbers_only_of_sections_that_ran(tmp_path):
+    """Review 16a C2: "logits x0.125 (1/8) (the circuits and mlp numbers include them)" on a report whose circuits
+    failed (KeyError). The clause names only the sections that produced results."""
+    base = {"name": "m", "family": "cohere", "n_layers": 3, "n_heads": 6, "d_model": 96, "logit_scale": 0.125}
+    cases = [({"circuits": "failed: KeyError: 'blocks.0.hook_mlp_in'", "mlp": "done"}, " (the mlp numbers include them)"),
+             ({"circuits": "done (resumed)", "mlp": "done"}, " (the circuits and mlp numbers include them)"),
+             ({"circuits": "failed: x", "mlp": "failed: y"}, "")]
+    for i, (status, tail) in enumerate(cases):
+        root = tmp_path / str(i)
+        root.mkdir()
+        io.write_json(root / "manifest.json", {"config": {}, "model": {"name": "m"}})
+        write_report_files(root, list(status), status, base)
+        header = f"cohere, 3 layers x 6 heads, d_model 96, scalings: logits x0.125 (1/8){tail}"
+        assert f"<p>{header}." in (root / "report.html").read_text()
+        assert f"\n\n{md_escape(header)}\n" in (root / "report.md").read_text()

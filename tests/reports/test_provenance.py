@@ -46,7 +46,7 @@ def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_mod
     assert "<script>alert" not in html and "alert(1)</script>" not in html and "<script>" not in md
     assert "- task: mine, from your task \\(mine.jsonl\\)" in md
     assert "- examples: 6 \\(data rows 0-5; 0-based, blank lines not counted\\); the budget changed no setting" in md
-    assert "w1 &lt;script&gt;alert\\(1\\)&lt;/script&gt; w2" in md
+    assert "w1 &lt;script>alert\\(1\\)&lt;/script> w2" in md  # review 16a C3: only a tag-opening < is an entity
 
 
 def test_pairs_left_out_are_named_with_their_file_rows_in_the_section_line():
@@ -284,4 +284,4 @@ def test_the_footer_lists_the_tasks_the_sections_ran_on(tmp_path):
     config["task"] = "<mine>.jsonl"
     (tmp_path / "manifest.json").write_text(json.dumps({"config": config, "model": {"name": "m"}}))
     assert "- task: per section: kv \\(heads, kv\\), zoo\\_kv \\(position\\), ioi \\(patching\\), facts \\(mlp\\); your task: " \
-        "&lt;mine&gt;.jsonl" in _provenance_markdown(_provenance(tmp_path))
+        "&lt;mine>.jsonl" in _provenance_markdown(_provenance(tmp_path))
