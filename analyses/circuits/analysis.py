@@ -48,6 +48,7 @@ its mlpN row (experts.py), and summary dla_top_expert (the top MoE block's leadi
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
@@ -529,6 +530,12 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
             first = (str(err).strip().splitlines() or [""])[0].split(". ")[0].rstrip(".")
             summary["edges_skipped"] = (f"TransformerLens cannot give this model's edge hooks ({first}); the logit "
                                         "lens and DLA above are unaffected.")
+        except Exception as err:  # noqa: BLE001 - any other failure of the edges (reviews 16a/16c A1): the lens and
+            # DLA above stand; the traceback goes to the log, the failure in one line to the finding
+            logging.getLogger(__name__).exception("circuits: edge attribution failed; the lens and DLA are kept")
+            first = (str(err).strip().splitlines() or [""])[0]
+            summary["edges_skipped"] = (f"edge attribution failed ({type(err).__name__}: {first}); the logit lens and "
+                                        "DLA above are unaffected.")
         else:
             tables.update(found)
             summary.update(edge_summary, edges_n_examples=len(pairs))  # the pairs; the lens and DLA use n_examples
