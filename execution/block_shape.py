@@ -16,6 +16,7 @@ and a ScaledResidualBlockBridge (Granite: scaled residual writes) is none of the
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -34,6 +35,7 @@ class Parts(NamedTuple):
     ln1_post: Callable | None = None  # the norm of the attention output (post-norm blocks)
     ln2_post: Callable | None = None  # the norm of the MLP output (post-norm blocks)
     parallel: bool = False  # attention and MLP both read the block's input
+    mlp_adds_residual: bool = False  # the MLP takes the residual and adds it itself (BLOOM's mlp(h, residual))
 
 
 raw = raw_module  # the Hugging Face module under a bridge component (models.hooked_model)
@@ -56,7 +58,9 @@ def parts(block: torch.nn.Module, convert: Callable[[torch.nn.Module], Callable]
     ln2 = get("ln2")
     if parallel and ln2 is None:
         ln2 = get("ln1")  # GPT-J, Phi: one norm feeds both branches
-    return Parts(mlp=get("mlp"), ln2=ln2, ln1_post=get("ln1_post"), ln2_post=get("ln2_post"), parallel=parallel)
+    adds = "residual" in inspect.signature(raw(_child(block, "mlp")).forward).parameters  # BloomMLP
+    return Parts(mlp=get("mlp"), ln2=ln2, ln1_post=get("ln1_post"), ln2_post=get("ln2_post"), parallel=parallel,
+                 mlp_adds_residual=adds)
 
 
 def post_attention_norm(block: torch.nn.Module) -> torch.nn.Module | None:
@@ -134,6 +138,8 @@ def residual(a: torch.Tensor, x: torch.Tensor, p: Parts, *, in_place: bool) -> t
     if p.ln1_post is not None:
         a = p.ln1_post(a)
     h = a.add_(x) if in_place else x + a  # resid_mid
+    if p.mlp_adds_residual and p.ln2_post is None:  # BLOOM: the MLP returns h + its write (review 16c C2)
+        return p.mlp(h if p.ln2 is None else p.ln2(h), h)
     m = p.mlp(h if p.ln2 is None else p.ln2(h))
     if p.ln2_post is not None:
         m = p.ln2_post(m)

@@ -327,14 +327,19 @@ def logits_of(model, x: torch.Tensor) -> torch.Tensor:
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
-def _gather(value: Any, rows: torch.Tensor, n: int) -> Any:
-    """Per-row tensors (2+ dims, first dim = the captured batch n) indexed by `rows`; rest as is."""
+def _gather(value: Any, rows: torch.Tensor, n: int, key: str = "") -> Any:
+    """Per-row tensors (2+ dims, first dim = the captured batch n) indexed by `rows`; rest as is. BLOOM's
+    `alibi` [n * heads, 1, keys] is per row too, each row's heads together: gathered as [n, heads, 1, keys]
+    (review 16c C2: left whole, a 2-row capture's [12, 1, 6] met a 3-row batch)."""
     if isinstance(value, torch.Tensor):
+        if key == "alibi" and value.ndim == 3 and value.shape[0] % n == 0 and value.shape[0] > n:
+            per_row = value.reshape(n, value.shape[0] // n, *value.shape[1:])  # [n, heads, 1, keys]
+            return take(per_row, rows).reshape(-1, *value.shape[1:])  # [len(rows) * heads, 1, keys]
         return take(value, rows) if value.ndim >= 2 and value.shape[0] == n else value
     if isinstance(value, (tuple, list)):
         return type(value)(_gather(v, rows, n) for v in value)
     if isinstance(value, dict):
-        return {k: _gather(v, rows, n) for k, v in value.items()}
+        return {k: _gather(v, rows, n, k) for k, v in value.items()}
     return value
 
 

@@ -31,6 +31,7 @@ steps and examples of a chunk share one forward and one backward pass (rows = st
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -153,6 +154,37 @@ def head_split(model) -> HeadSplit | None:
     return HeadSplit(model, SPLIT_REASON)
 
 
+MLP_REASON = "TransformerLens's bridge does not fire this model's hook_mlp_in (a parallel block, or BLOOM's block)"
+_NATIVE_MLP_IN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> every hook_mlp_in fired
+
+
+def native_mlp_in(model) -> bool:
+    """Whether every block's hook_mlp_in fires (inside edge_hooks_enabled), from one probe pass of two tokens.
+    It does not on parallel blocks (no ln2: the MLP reads ln1's output) nor on BLOOM, whose block bridge never
+    wires it (reviews 16a/16c A1)."""
+    key = model.bridge
+    if key not in _NATIVE_MLP_IN:
+        n_layers, fired = model.facts.n_layers, set()
+        hooks = [(f"blocks.{layer}.hook_mlp_in", lambda x, hook: fired.add(hook.name)) for layer in range(n_layers)]
+        tokens = torch.zeros(1, 2, dtype=torch.long)
+        try:
+            with torch.no_grad():
+                _forward(model, tokens, None, hooks)
+        except KeyError:  # no such hook on this bridge
+            pass
+        _NATIVE_MLP_IN[key] = len(fired) == n_layers
+    return _NATIVE_MLP_IN[key]
+
+
+def mlp_split(model, split: HeadSplit | None) -> HeadSplit | None:
+    """None where the bridge's hook_mlp_in gives each MLP's input before its norm; else the HeadSplit that
+    reads the MLP's normed input (mlp.hook_in) and maps it back through the MLP's norm (ln2's, or ln1's on a
+    parallel block, as for GPT-J): `split` itself where the heads are split too."""
+    if split is not None:
+        return split
+    return None if native_mlp_in(model) else HeadSplit(model, MLP_REASON)
+
+
 def writer_names(n_layers: int) -> list[str]:
     names = ["hook_embed"]
     for layer in range(n_layers):
@@ -170,11 +202,12 @@ def reader_names(n_layers: int) -> list[str]:
 SPLIT_READS = tuple(f"hook_{k}" for k in KINDS)
 
 
-def split_reader_names(n_layers: int) -> list[str]:
-    """reader_names where headscope splits the inputs itself (HeadSplit): hook_q/k/v and mlp.hook_in, the
-    heads' projections and the MLP's normed input, whose gradients HeadSplit maps back to the norms' inputs."""
-    return [n.replace("_input", "") if ".attn.hook_" in n else n.replace("hook_mlp_in", "mlp.hook_in")
-            for n in reader_names(n_layers)]
+def split_reader_names(n_layers: int, heads: bool = True, mlps: bool = True) -> list[str]:
+    """reader_names where headscope splits the inputs itself (HeadSplit): hook_q/k/v (heads) and mlp.hook_in
+    (mlps), the heads' projections and the MLP's normed input, whose gradients HeadSplit maps back to the norms'
+    inputs."""
+    return [n.replace("_input", "") if heads and ".attn.hook_" in n else
+            n.replace("hook_mlp_in", "mlp.hook_in") if mlps else n for n in reader_names(n_layers)]
 
 
 def _keeper(store: dict):
@@ -228,6 +261,7 @@ def capture_writers(model, tokens: torch.Tensor, mask: torch.Tensor | None = Non
     edge_hooks_enabled."""
     n_layers = model.facts.n_layers
     split = head_split(model)
+    msplit = mlp_split(model, split)
     got: dict[str, torch.Tensor] = {}
 
     def keep(name):
@@ -238,9 +272,12 @@ def capture_writers(model, tokens: torch.Tensor, mask: torch.Tensor | None = Non
     names = writer_names(n_layers) + ([f"blocks.{n_layers - 1}.hook_resid_post"] if final else [])
     if split is not None:  # each head's write from hook_z; ln1's input and hook_q/k/v to check the split
         names = [n.replace("attn.hook_result", "attn.hook_z") for n in names]
-        names += [h(layer) for layer in range(n_layers) for h in (split.norm_input, split.mlp_norm_input)]
+        names += [split.norm_input(layer) for layer in range(n_layers)]
         names += [f"blocks.{layer}.attn.hook_{k}" for layer in range(n_layers) for k in KINDS]
+    if msplit is not None:  # the MLP's norm input and its output mlp.hook_in, to check the MLP split
+        names += [msplit.mlp_norm_input(layer) for layer in range(n_layers)]
         names += [f"blocks.{layer}.mlp.hook_in" for layer in range(n_layers)]
+    names = list(dict.fromkeys(names))
     with torch.no_grad():
         logits = _forward(model, tokens, mask, [(n, keep(n)) for n in names])
     if split is not None:
@@ -249,9 +286,11 @@ def capture_writers(model, tokens: torch.Tensor, mask: torch.Tensor | None = Non
             for k in KINDS:
                 act = got[f"blocks.{layer}.attn.hook_{k}"]
                 split.check(layer, k, x, per_head(act, split.n_heads(layer, k)))
-            split.check(layer, "mlp", got[split.mlp_norm_input(layer)], got[f"blocks.{layer}.mlp.hook_in"])
             got[f"blocks.{layer}.attn.hook_result"] = split.result(layer, per_head(got[f"blocks.{layer}.attn.hook_z"],
                                                                                    model.facts.n_heads))
+    if msplit is not None:
+        for layer in range(n_layers):
+            msplit.check(layer, "mlp", got[msplit.mlp_norm_input(layer)], got[f"blocks.{layer}.mlp.hook_in"])
     parts = [got["hook_embed"][:, :, None]]
     for layer in range(n_layers):
         parts += [got[f"blocks.{layer}.attn.hook_result"], got[f"blocks.{layer}.hook_mlp_out"][:, :, None]]
@@ -349,8 +388,9 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
     ex_per_chunk = max(1, _chunk_rows(model, n_pos, graph, grad=True) // ig_steps)
     with edge_hooks_enabled(bridge):
         split = head_split(model)
-        # native: the bridge's split inputs; split: leaves on hook_q/k/v, mapped back to x_h after the pass
-        readers = reader_names(n_layers) if split is None else split_reader_names(n_layers)
+        msplit = mlp_split(model, split)
+        # native: the bridge's split inputs; split: leaves on hook_q/k/v (mlp.hook_in), mapped back to x_h after the pass
+        readers = split_reader_names(n_layers, heads=split is not None, mlps=msplit is not None)
         for start in range(0, n, ex_per_chunk):
             part = slice(start, min(n, start + ex_per_chunk))
             b = part.stop - part.start
@@ -377,10 +417,10 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
                 return hook
 
             hooks = ([] if on_clean else [("hook_embed", set_embed)]) + [(r, open_leaf(r)) for r in readers]
-            normed_in: dict[str, torch.Tensor] = {}  # split: ln1's input per layer
-            if split is not None:
-                hooks += [(h(layer), _keeper(normed_in)) for layer in range(n_layers)
-                          for h in (split.norm_input, split.mlp_norm_input)]
+            normed_in: dict[str, torch.Tensor] = {}  # split: ln1's (the MLP norm's) input per layer
+            kept = ([split.norm_input(layer) for layer in range(n_layers)] if split is not None else []) + (
+                [msplit.mlp_norm_input(layer) for layer in range(n_layers)] if msplit is not None else [])
+            hooks += [(h, _keeper(normed_in)) for h in dict.fromkeys(kept)]
             rows_tokens = (task.tokens if on_clean else task.corrupted_tokens)[part].repeat(ig_steps, 1)
             rows_mask = None if mk is None else mk.repeat(ig_steps, 1)
             with torch.enable_grad():
@@ -395,9 +435,9 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
                     layer, kind = int(name.split(".")[1]), name[-1]
                     g = split.input_grad(layer, kind, normed_in[split.norm_input(layer)],
                                          per_head(g, split.n_heads(layer, kind)))
-                elif split is not None and name.endswith("mlp.hook_in"):  # dM/d(normed input) -> dM/dx
+                elif msplit is not None and name.endswith("mlp.hook_in"):  # dM/d(normed input) -> dM/dx
                     layer = int(name.split(".")[1])
-                    g = split.mlp_input_grad(layer, normed_in[split.mlp_norm_input(layer)], g)
+                    g = msplit.mlp_input_grad(layer, normed_in[msplit.mlp_norm_input(layer)], g)
                 g = g.float().reshape(ig_steps, b, *g.shape[1:]).mean(0)  # [b, pos, (heads,) d]
                 grad_parts.append(g if g.ndim == 4 else g[:, :, None])
             g_all = torch.cat(grad_parts, dim=2).cpu()  # [b, pos, R, d]

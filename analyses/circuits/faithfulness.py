@@ -104,6 +104,7 @@ def _ablated_pass(model, graph: E.EdgeGraph, tokens: torch.Tensor, mask: torch.T
     diffs: list[torch.Tensor] = []  # live - corrupted writes so far, in sender order
     real = E.real_tokens(mask, corr)  # [b, pos, 1, 1] or None: padding is never ablated
     split = E.head_split(model)  # None: the bridge's own hook_result and split inputs
+    msplit = E.mlp_split(model, split)  # None: the bridge's own hook_mlp_in
     normed_in: dict[str, torch.Tensor] = {}  # split: ln1's input of each layer, read before its heads
 
     def on_write(first: int, layer: int | None = None):
@@ -137,9 +138,9 @@ def _ablated_pass(model, graph: E.EdgeGraph, tokens: torch.Tensor, mask: torch.T
 
     def on_split_mlp(sl: slice, layer: int):  # mlp.hook_in: re-norm the MLP's input less the ablated writes
         def hook(act, hook):
-            x = normed_in[split.mlp_norm_input(layer)]
+            x = normed_in[msplit.mlp_norm_input(layer)]
             gone = removed(sl)[:, :, 0]  # [b, pos, d]
-            return act - (split.mlp_input(layer, x, torch.zeros_like(gone)) - split.mlp_input(layer, x, gone)).to(act.dtype)
+            return act - (msplit.mlp_input(layer, x, torch.zeros_like(gone)) - msplit.mlp_input(layer, x, gone)).to(act.dtype)
         return hook
 
     hooks = [("hook_embed", on_write(0))]
@@ -152,10 +153,10 @@ def _ablated_pass(model, graph: E.EdgeGraph, tokens: torch.Tensor, mask: torch.T
             hooks.append((split.norm_input(layer), E._keeper(normed_in)))
             hooks += [(f"blocks.{layer}.attn.hook_{x}", on_split_read(sl[x], layer, x)) for x in "qkv"]
             hooks.append((f"blocks.{layer}.attn.hook_z", on_write(graph.sender_index(layer, 0), layer)))
-        if split is None:
+        if msplit is None:
             hooks.append((f"blocks.{layer}.hook_mlp_in", on_read(sl["mlp"])))
         else:
-            hooks += [(split.mlp_norm_input(layer), E._keeper(normed_in)),
+            hooks += [(msplit.mlp_norm_input(layer), E._keeper(normed_in)),
                       (f"blocks.{layer}.mlp.hook_in", on_split_mlp(sl["mlp"], layer))]
         hooks.append((f"blocks.{layer}.hook_mlp_out", on_write(graph.sender_index(layer))))
     last = len(graph.receivers) - 1

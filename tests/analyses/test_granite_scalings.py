@@ -215,7 +215,7 @@ def test_granite_moe_dla_sums_to_hf_logit_difference(tmp_path):
 def test_dla_reconstruction_tolerance_sized_on_the_logits():
     """Review 15av A1: float32 rows of about 1 logit that miss logits of 4.8 each (|a| + |w| = 9.6) by 2.2e-6 are
     rounding, not an error (the old tolerance, 16 eps x sum |rows| = 1.9e-6, warned). By hand the tolerance is
-    4 eps x (sqrt(2) x sum |rows| + 9.6)."""
+    4 eps x (sqrt(2) x sum |rows| + 9.6), plus the model's own rounding, eps x (sum |rows| + 9.6) (review 16c B4)."""
     dla = pd.DataFrame({"example": [0, 0], "component": ["embed", "mlp0"], "kind": ["embed", "mlp"],
                         "layer": [pd.NA, 0], "head": [pd.NA, pd.NA], "contribution": [0.6, 0.4 + 2.2e-6]})
     logits = pd.DataFrame({"example": [0], "final_logit": [1.0], "logit_before_softcap": [1.0],
@@ -225,7 +225,8 @@ def test_dla_reconstruction_tolerance_sized_on_the_logits():
         s = circuits.dla_summary(dla, logits, "answer - wrong_answer", 2)
     eps = torch.finfo(torch.float32).eps
     assert s["dla_reconstruction_ok"] is True
-    assert s["dla_reconstruction_tolerance"] == pytest.approx(4 * eps * (2 ** 0.5 * (1.0 + 2.2e-6) + 9.6))
+    assert s["dla_reconstruction_tolerance"] == pytest.approx(4 * eps * (2 ** 0.5 * (1.0 + 2.2e-6) + 9.6)
+                                                              + eps * (1.0 + 2.2e-6 + 9.6))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -249,3 +250,31 @@ def test_dla_reconstruction_correct_rows_pass_scaled_rows_warn(granite, dtype):
     scaled = dla.assign(contribution=dla.contribution * 8)
     with pytest.warns(HeadscopeWarning, match="miss the model's own logit"):
         assert not circuits.dla_summary(scaled, logits, direction, 2, dtype=model.dtype)["dla_reconstruction_ok"]
+
+
+def _bloom_like(error: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Review 16c B4's bfloat16 BLOOM by its sizes: 28 rows (sum |rows| 39.0) summing to a logit difference of 10,
+    logits of |a| + |w| = 18, the rows off the model's logit difference by `error`."""
+    values = [24.5 / 14] * 14 + [-14.5 / 14] * 14  # 28 rows: sum 24.5 - 14.5 = 10, sum |rows| 24.5 + 14.5 = 39
+    dla = pd.DataFrame({"example": [0] * 28, "component": [f"c{i}" for i in range(28)], "kind": ["mlp"] * 28,
+                        "layer": [pd.NA] * 28, "head": [pd.NA] * 28, "contribution": values})
+    logits = pd.DataFrame({"example": [0], "final_logit": [10.0 + error], "logit_before_softcap": [10.0 + error],
+                           "logit_size": [18.0]})
+    return dla, logits
+
+
+def test_bfloat16_dla_tolerance_from_the_rounding_steps_catches_five_percent():
+    """Review 16c B4: on BLOOM's sizes the old bfloat16 tolerance, 4 eps x (sqrt(28) x 39 + 18) = 6.9, passed any
+    error below 69% of a logit difference of 10. Now, by hand, eps_bf16 x (39 + 18) = 0.445 plus the float32
+    arithmetic's 4 eps_32 x (sqrt(28) x 39 + 18): the measured 0.049 passes, 5% of the logit difference (0.5) warns."""
+    dla, logits = _bloom_like(0.049)
+    assert abs(dla.contribution.sum() - 10.0) < 1e-12 and dla.contribution.abs().sum() == pytest.approx(39.0)
+    eps16, eps32 = torch.finfo(torch.bfloat16).eps, torch.finfo(torch.float32).eps
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeadscopeWarning)
+        s = circuits.dla_summary(dla, logits, "answer - wrong_answer", 2, dtype=torch.bfloat16)
+    assert s["dla_reconstruction_ok"] is True
+    assert s["dla_reconstruction_tolerance"] == pytest.approx(eps16 * (39 + 18) + 4 * eps32 * (28 ** 0.5 * 39 + 18))
+    dla, logits = _bloom_like(0.5)
+    with pytest.warns(HeadscopeWarning, match="miss the model's own logit"):
+        assert not circuits.dla_summary(dla, logits, "answer - wrong_answer", 2, dtype=torch.bfloat16)["dla_reconstruction_ok"]

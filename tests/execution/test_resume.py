@@ -285,3 +285,42 @@ def test_the_reference_runs_the_whole_pass_where_skipping_blocks_fails(tiny_mode
     with warnings.catch_warnings():
         warnings.simplefilter("error", HeadscopeWarning)
         assert resume.supports(model) == (True, True, True, True, True)
+
+
+@pytest.fixture(scope="module")
+def bloom(tmp_path_factory):
+    path = build_tiny_model("bloom", tmp_path_factory.mktemp("bloom") / "bloom", seed=2)
+    return hs.load_model(str(path), device="cpu"), path
+
+
+def test_alibi_resumes_for_another_batch_exactly(bloom):
+    """Review 16c C2: BLOOM's alibi [batch x heads, 1, keys] was passed whole to a resumed batch of other rows
+    (RuntimeError: [12, 1, 6] against [18, 6, 6]), so the resumed-pass check failed and warned on every run. Now it
+    follows its rows: the check passes without a warning, and resumed left-padded rows equal plain HF's logits;
+    the z shortcut, whose MLP call lacked BLOOM's `residual` argument, equals HF with head 2 zeroed before dense."""
+    model, path = bloom
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeadscopeWarning)
+        assert resume.supports(model)[:3] == (True, True, True)  # resume, z shortcut, from a position (no hook-free blocks)
+    hf = hf_model(path)
+    tokens = random_tokens(2, 6, seed=6)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0  # row 0 left-padded: its ALiBi positions differ from row 1's
+    with torch.no_grad():
+        want = hf(tokens, attention_mask=mask).logits[:, -1]  # [2, vocab]
+    ckpt = resume.capture(model, tokens, attention_mask=mask, z_layers=[0, 1])
+    rows = torch.tensor([1, 0, 1])
+    d_head = hf.config.hidden_size // hf.config.n_head
+    for start in range(model.facts.n_layers):
+        torch.testing.assert_close(resume.resume(model, ckpt, start, rows)[:, 0], want[rows], atol=1e-5, rtol=1e-5)
+        z = ckpt.z[start][rows].clone()
+        z[:, :, 2] = 0.0
+        dense = hf.transformer.h[start].self_attention.dense
+        handle = dense.register_forward_pre_hook(
+            lambda m, a: (torch.cat([a[0][..., :2 * d_head], 0 * a[0][..., 2 * d_head:3 * d_head], a[0][..., 3 * d_head:]], -1),))
+        with torch.no_grad():
+            zeroed = hf(tokens[rows], attention_mask=mask[rows]).logits[:, -1]
+        handle.remove()
+        got = resume.resume(model, ckpt, start, rows, z=z)[:, 0]
+        torch.testing.assert_close(got, zeroed, atol=1e-5, rtol=1e-5)
+        assert (zeroed - want[rows]).abs().max() > 1e-4  # the edit mattered
