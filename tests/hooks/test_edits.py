@@ -110,3 +110,16 @@ def test_a_part_not_run_is_one_report_line():
     """review 16d C3: what headscope could not do is a line of the section's provenance."""
     lines = provenance_lines({"task": "t", "source": "s", "n_examples": 2, "not_run": "the streaming masks: why"})
     assert "not run: the streaming masks: why" in lines
+
+
+def test_patch_and_ablate_refuse_pattern_sites_on_opt(opt_model):
+    model, _ = opt_model
+    tokens = torch.tensor([[2, 11, 23, 37]])
+    name = hs.site("pattern", 0)
+    source = hs.capture(model, tokens, [name])
+    with pytest.raises(UnsupportedModelError, match=f"^{OPT_PATTERNS}, so patch at {name} cannot run"):
+        with hs.patch(model, source, name):
+            pass
+    with pytest.raises(UnsupportedModelError, match=f"^{OPT_SCORES}, so ablate at "):
+        with hs.ablate(model, sites=[hs.site("scores", 1)]):
+            pass
