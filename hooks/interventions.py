@@ -15,6 +15,7 @@ import torch
 
 from headscope.errors import ConfigError, IndexOutOfRangeError, ShapeMismatchError, SiteError, UnsupportedModelError
 from headscope.hooks.capture import Positions, capture, position_index
+from headscope.hooks.edits import require_edits
 from headscope.hooks.memories import is_moe
 from headscope.hooks.sites import SITES, check_site, parse_site, site
 
@@ -94,6 +95,7 @@ def ablate(
         targets[site("mlp_post", layer)].append(neuron)
     for name in sites:
         check_site(model, name)
+        _require_editable(model, name, "ablate")
         targets[name].append(None)
     refs = {}
     if reference is not None:
@@ -178,6 +180,14 @@ def _check_heads(model, name: str, src: torch.Tensor, heads: Sequence[int] | Non
     raise IndexOutOfRangeError(f"head {bad[0]!r} is out of range for {name}: {f.name} has heads 0..{n - 1} there.")
 
 
+def _require_editable(model, name: str, what: str) -> None:
+    """UnsupportedModelError in one line where `name` is a scores/pattern site whose edits TransformerLens
+    discards on this model (hooks/edits.py, review 16d A3)."""
+    kind = parse_site(name)[0]
+    if kind in ("scores", "pattern"):
+        require_edits(model, f"{what} at {name}", kind)
+
+
 @contextmanager
 def patch(
     model,
@@ -200,6 +210,7 @@ def patch(
         if parse_site(name)[0] == "result":
             raise ConfigError("Patch per-head outputs at hook_z (site('z', layer)) with heads=[...]; hook_result is computed.")
         _check_heads(model, name, source[name], heads)
+        _require_editable(model, name, "patch")
 
     def make_hook(name: str):
         kind, _ = parse_site(name)

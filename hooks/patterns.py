@@ -27,6 +27,7 @@ import torch
 
 from headscope.hooks.cache import Activations
 from headscope.hooks.capture import Positions, position_index
+from headscope.hooks.edits import require_edits
 from headscope.hooks.sites import site
 from headscope.models.hooked_model import hook_free_pass
 
@@ -179,6 +180,7 @@ def reduce_patterns(model, tokens: torch.Tensor, reduce: PatternReducer, *, laye
 
         fwd = [(site("pattern", layer), take(layer)) for layer in layers]
         if keep is not None:
+            require_edits(model, "a keep mask on attention (hook_attn_scores)")  # review 16d A6
             fwd += [(site("scores", layer), _keep_hook(keep)) for layer in range(model.facts.n_layers)]
         kw = {} if attention_mask is None else {"attention_mask": attention_mask}
         with model.hooks(fwd=fwd):

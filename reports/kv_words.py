@@ -154,6 +154,8 @@ def finding(s: Mapping[str, Any]) -> str:
             parts.append(f"The full-cache metric is the {_words(s.get('metric', 'metric'))} above.")
         else:
             parts.append(f"Full-cache metric {_full_value(s, full)}.")
+    elif full is not None and isinstance(hold, Mapping) and hold.get("no_effect"):
+        parts.append(no_effect_sentence(hold["no_effect"], s.get("context_range")))
     elif full is not None and isinstance(hold, Mapping):
         parts += _holding(s, _with_units(hold, SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")), full)
     elif full is not None and budgets:
@@ -178,3 +180,14 @@ def finding(s: Mapping[str, Any]) -> str:
                          + (f" ({context:.0f} positions)" if context else "") + " to stay within 1% (or never gets there).")
     evicted = full is not None and _chance(s) is None and (isinstance(hold, Mapping) or budgets)  # eviction reported
     return " ".join(parts + ([distance_sentence(s)] if evicted and distance_sentence(s) else []))
+
+
+def no_effect_sentence(rows: list, context: Any = None) -> str:
+    """Review 16d B2: an eviction that changed no prompt's metric at all, said as such instead of "within 1%"."""
+    most = context[1] if isinstance(context, (list, tuple)) and len(context) == 2 else None
+    of = f" of up to {most} context positions" if isinstance(most, (int, float)) else ""
+    where = "; ".join(f"{str(r['policy']).replace('_', ' ')} at budget {r['budget']}{of} "
+                      f"({r['n_evicting']} prompts evicted from)" for r in rows)
+    return (f"The eviction had no effect: {where} left every prompt's metric exactly at its full-cache value, to the "
+            "last digit, which evicting most of a context does not do; the eviction mask did not reach the model, so "
+            "no eviction result is reported here.")

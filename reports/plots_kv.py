@@ -11,7 +11,6 @@ whose words live in reports/kv_words.py.
 """
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +21,15 @@ from matplotlib.ticker import NullLocator
 from headscope.reports.findings import int_ranges, int_span
 from headscope.reports.kv_cache_words import _span2
 from headscope.reports.kv_words import finding as finding  # the headline: families.py reads it here
-from headscope.reports.plots import LAYERS, axes, fit_labels, laid_out, quiet_reason, thin_xtick_labels
+from headscope.reports.plots import (
+    LAYERS,
+    axes,
+    fit_labels,
+    laid_out,
+    quiet_reason,
+    thin_xtick_labels,
+    wrap_to_width,
+)
 
 UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-probability (nats)",
          "accuracy": "accuracy (0-1)"}
@@ -124,17 +131,42 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
         ax.xaxis.set_minor_locator(NullLocator())
         xlabel += "\nunder it: n, the prompts it evicts from / all"
         ax.set_xlabel(xlabel)
-        blanked: list[int] = []
-        for _ in range(3):  # close budgets (16 and 19 on a log axis): their labels would run together
-            if new_figure:
-                ax.figure.tight_layout()  # the layout the figure is saved with: measure the labels there
-            more = thin_xtick_labels(ax)
-            if not more:
-                break
-            blanked = sorted(blanked + more)
-            note = "unlabelled ticks: " + ", ".join(texts[i].replace("\n", " (") + ")" for i in blanked)
-            ax.set_xlabel(xlabel + "\n" + "\n".join(textwrap.wrap(note, 60)))
+        ax._budget_ticks = (xlabel, texts)  # fit_budget_ticks redoes the thinning at the figure's final layout
+        fit_budget_ticks(ax, layout=new_figure)
     return ax
+
+
+def fit_budget_ticks(ax, *, layout: bool = True) -> None:
+    """Review 16d C1: the eviction figure's budget tick labels ("16\n14/16", "32\n2/16") apart and its x label
+    clear of the legend, measured at the layout the figure is saved with (layout: tight_layout first; `figures`
+    calls it again after fit_labels, whose wrapped y label narrows the axes). Each x label line is wrapped to
+    the axes' width, so it never reaches under the legend beside them; a tick label that would run into its
+    neighbour's (thin_xtick_labels, 4 px apart) is blanked and the x label lists it with its count."""
+    xlabel, texts = getattr(ax, "_budget_ticks", (None, None))
+    if xlabel is None:
+        return
+    fig = ax.figure
+    for _ in range(4):
+        if layout:
+            fig.tight_layout()
+        blanked = [i for i, t in enumerate(ax.get_xticklabels()) if i < len(texts) and texts[i] and not t.get_text()]
+        lines = xlabel.split("\n")
+        if blanked:  # close budgets (16 and 19 on a log axis): their labels would run together
+            lines.append("unlabelled ticks: " + ", ".join(texts[i].replace("\n", " (") + ")" for i in blanked))
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        width = ax.get_window_extent(renderer).width
+        label = ax.xaxis.label
+
+        def wide(text: str, label=label, renderer=renderer) -> float:
+            label.set_text(text)
+            return label.get_window_extent(renderer).width
+
+        ax.set_xlabel("\n".join(part for line in lines for part in wrap_to_width(line, wide, width)))
+        if layout:
+            fig.tight_layout()
+        if not thin_xtick_labels(ax):
+            return
 
 
 def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, Any] | None = None,
@@ -254,6 +286,7 @@ def figures(result, **kwargs) -> dict:
         out[stem] = laid_out(draw())
         if stem == "kv_eviction":
             fit_labels(out[stem].axes[0])
+            fit_budget_ticks(out[stem].axes[0])  # at the layout fit_labels left (review 16d C1)
     return out
 
 

@@ -281,6 +281,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
         record["note"] = fit["note"]
     elif isinstance(summary.get("data_note"), str):  # data built for this tokenizer (position's word_kv)
         record["note"] = summary["data_note"]
+    if isinstance(summary.get("not_run"), str):  # review 16d C3: a part headscope could not do, in one line
+        record["not_run"] = summary["not_run"]
     rows = getattr(data, "source_rows", None)  # a Task read from the user's data: which of its rows it holds
     if rows is not None and len(rows) == record["n_examples"]:
         record["rows"] = sorted(int(r) for r in rows)
@@ -483,9 +485,9 @@ def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     lines = [f"task: {task}, from {record.get('source') or 'not recorded'}",
              f"examples: {_count_text(record)}{_rows_text(record)}{_pairs_text(record)}; "
              f"{_changed_text(record.get('budget_changed') or {}, record.get('budget_speed'))}"]
-    for key in ("uses", "metric", "note"):
+    for key in ("uses", "metric", "note", "not_run"):
         if isinstance(record.get(key), str) and record[key]:
-            lines.append(f"{key}: {record[key]}")
+            lines.append(f"{key.replace('_', ' ')}: {record[key]}")
     if pieces := _pieces_text(record):
         lines.append(pieces)
     sample = record.get("sample") or {}

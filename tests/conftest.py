@@ -117,6 +117,16 @@ def mixed_moe_dir(more_arch_dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def opt_model(tmp_path_factory):
+    """(HookedModel, its directory) of tests_support's tiny "opt" family (seed 0), built once: a model whose
+    attention TransformerLens hands to Hugging Face, so edits to scores and patterns are discarded (review 16d)."""
+    import headscope as hs
+
+    path = build_tiny_model("opt", tmp_path_factory.mktemp("opt") / "opt")
+    return hs.load_model(str(path), device="cpu"), path
+
+
+@pytest.fixture(scope="session")
 def deepseek_v3_dir(tmp_path_factory):
     """tests_support's "deepseek_v3" family as it is (multi-head latent attention, two dense layers, seed 0), built
     once for the MLA tests (models/test_mla.py, analyses/test_kv_mla.py)."""

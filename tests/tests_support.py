@@ -30,7 +30,7 @@ def word_tokenizer():
 
 
 def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | None = None, **config) -> Path:
-    """Save a random model of the family to `out`: "gpt2", "neox", "gptj", "bloom" (ALiBi), or the Llama-style "llama"
+    """Save a random model of the family to `out`: "gpt2", "neox", "gptj", "opt", "bloom" (ALiBi), or the Llama-style "llama"
     (GQA), "qwen2" (biases on q, k and v), "mistral" and "qwen3" (q/k norms), "deepseek_v3" (multi-head latent
     attention, dense MLPs unless first_k_dense_replace says otherwise; the MoE routers' e_score_correction_bias
     drawn N(0, 0.1^2) so the choice's bias counts); 2 layers unless `config`, which overrides fields of the Hugging
@@ -78,6 +78,10 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
                       num_key_value_heads=2, max_position_embeddings=N_CTX, embedding_multiplier=12.0,
                       residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0)
         make = transformers.GraniteForCausalLM, transformers.GraniteConfig
+    elif family == "opt":  # TransformerLens hands OPT's attention to Hugging Face (edits to scores/patterns discarded)
+        fields = dict(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                      max_position_embeddings=N_CTX, word_embed_proj_dim=64)
+        make = transformers.OPTForCausalLM, transformers.OPTConfig
     elif family == "deepseek_v3":  # multi-head latent attention (MLA): q/k heads 12 + 8 rotary, v heads 16
         # (first_k_dense_replace=1 makes layer 1 a mixture of 4 routed experts of 16, top-2, + a shared expert of 16)
         fields = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=16, num_hidden_layers=2,

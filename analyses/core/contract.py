@@ -51,7 +51,9 @@ class Needs:
       family's data, not a prompt/answer task (`takes_own_records`);
     continuation: it scores answers of several tokens by their whole continuation (Task.continuation:
       the metric reads the last k positions); False: it reads one next-token answer at the last position;
-    what: what it does, for messages ("measures next-token answers").
+    what: what it does, for messages ("measures next-token answers");
+    attention_edits: it works by editing attention scores (kv eviction): skipped where TransformerLens discards such
+      edits (hooks/edits.py, review 16d A1).
     """
 
     answers: bool = True
@@ -71,6 +73,7 @@ class Needs:
     own_records: Callable[[Any, str, Any], str | None] | None = None
     continuation: bool = False
     what: str = ""
+    attention_edits: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +114,11 @@ def model_reasons(needs: Needs, model: Any, task: Any = None, config: Any = None
     if needs.decoder and facts.is_encoder:
         why = f": it {needs.what}" if needs.what else ""
         return [f"{facts.name} is an encoder and this analysis needs a decoder{why}"]
+    if needs.attention_edits:
+        from headscope.hooks.edits import edits_discarded
+
+        if discarded := edits_discarded(model, "scores"):
+            return [f"{discarded}, so this analysis, which {needs.what} by masking attention scores, would change nothing"]
     reasons = _default_data_reasons(needs, model)
     if reasons and task is not None and takes_own_records(needs, task) and not task_reasons(needs, task, model, config):
         return []

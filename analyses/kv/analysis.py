@@ -338,7 +338,7 @@ def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
-NEEDS = Needs(answers=True, decoder=True, what="evicts entries of a decoder's KV cache")
+NEEDS = Needs(answers=True, decoder=True, what="evicts entries of a decoder's KV cache", attention_edits=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -398,6 +398,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
     config = configure(KVConfig, config, config_overrides, name="kv_analysis")
     if model.facts.is_encoder:
         raise ConfigError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
+    kv_eviction.require_masking(model)  # before any work (review 16d A1)
     task = default_task(model, task, config)
     anatomy = cache_anatomy(model)
     norms, per_prompt = _kv_norms(model, task.tokens, task.attention_mask)

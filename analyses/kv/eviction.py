@@ -5,7 +5,9 @@ the cache keeps `budget` of those positions and the last token (the answer query
 kept ones and itself. This is implemented as a mask on the answer query's row of the attention
 scores (hook_attn_scores, -inf on evicted keys) at every layer, which gives exactly what a real
 cache crop gives (keys are cached after RoPE, and softmax ignores the order of keys): the test
-checks it against a cropped Hugging Face cache. Policies:
+checks it against a cropped Hugging Face cache. Where TransformerLens hands attention to the Hugging
+Face module and discards score edits (OPT, GPT-J: hooks/edits.py) the mask would do nothing, so the
+sweep refuses in one line (require_masking) and the report skips kv with that reason. Policies:
 
 - "sink_window": the first n_sink positions (attention sinks, Xiao et al. 2023) plus the most
   recent budget - n_sink;
@@ -55,6 +57,7 @@ from headscope.analyses.core.contract import one_token_answers
 from headscope.analyses.core.metrics import accuracy, task_metric
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
+from headscope.hooks.edits import require_edits
 from headscope.hooks.kv_states import cached_forward, holds_prefix, prefill, prefix_cache
 from headscope.models.hooked_model import layer_windows, left_padding_starts, visible_keys
 
@@ -161,6 +164,12 @@ def keep_mask(policy: str, *, n_layers: int, batch: int, n_kv_heads: int, ctx: i
     return (keep[None, :, None, :] & held).expand(shape).clone()
 
 
+def require_masking(model) -> None:
+    """UnsupportedModelError in one line where TransformerLens discards hook_attn_scores edits (OPT, GPT-J, ...:
+    hooks/edits.py): the mask would evict nothing and every policy would equal the full cache (review 16d A1)."""
+    require_edits(model, "the kv eviction what-if (a mask on the answer query's attention scores)")
+
+
 def evict_hooks(model, keep: torch.Tensor) -> list:
     """hook_attn_scores hooks that hide evicted keys from the last query: keep [layer, batch, kv_head, ctx]."""
     group = model.facts.n_heads // model.facts.n_kv_heads
@@ -232,6 +241,7 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
     all of it ("full" lists the longest context as its budget).
     """
     one_token_answers(task, "kv eviction")
+    require_masking(model)
     f = model.facts
     tokens, mask = task.tokens, task.attention_mask
     batch, ctx = tokens.shape[0], tokens.shape[1] - 1

@@ -153,6 +153,19 @@ def _clean(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
+def no_effect(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """Review 16d B2: per policy whose smallest evicting budget leaves every prompt it evicts from (MIN_EVICTING or
+    more) exactly at its full-cache metric, {"policy", "budget", "n_evicting"}; empty where none does. Keeping a few
+    positions of a long context and changing no prompt's metric by one bit is what a mask that never reached the
+    model gives (TransformerLens discarding the edit, hooks/edits.py), not a finding: the words say so instead."""
+    out = []
+    for policy, rows in table.groupby("policy", sort=False):
+        rows = rows[rows.n_evicting >= MIN_EVICTING].sort_values("budget")
+        if len(rows) and rows.per_example_diff_low.iloc[0] == 0.0 and rows.per_example_diff_high.iloc[0] == 0.0:
+            out.append({"policy": str(policy), "budget": int(rows.budget.iloc[0]), "n_evicting": int(rows.n_evicting.iloc[0])})
+    return out
+
+
 def _verdict(row: dict[str, Any], tolerance: float, floor: float = 0.0) -> str:
     """"holds" (95% interval inside +-tolerance), "not shown" (mean within, interval not), "above", "below" (the
     interval wholly beyond +-tolerance: chance.clear_of's "band"), "cannot tell" (mean beyond, interval reaching into
@@ -196,7 +209,8 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
     whose interval lies wholly outside the band, and whether every evicting budget's does),
     "rounding_held" (the rows that hold only by the rounding floor),
     "consistent_from" (when it does not hold but its means are within from a budget on:
-    that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, and with answers ([example] token ids) its
+    that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, "no_effect" (no_effect's rows, where any),
+    and with answers ([example] token ids) its
     rows' guess_correct and "constant_guess" (constant_guess: the commonest answer's count and the distinct answers)}.
     floor: the metric's rounding step in its units (_verdict: an interval past the band by no more holds); with
     one, "rounding_floor". chance (a log-probability's uniform guess): each row's change and band are shares of the span
@@ -218,6 +232,8 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
         out["rounding_floor"] = floor
     if (guess := constant_guess(answers)) is not None:
         out["constant_guess"] = guess
+    if dead := no_effect(table):
+        out["no_effect"] = dead
     for policy, rows in table.groupby("policy", sort=False):
         rows = rows[rows.n_evicting > 0].sort_values("budget")
         records = [{k: _clean(v) for k, v in r.items()} for r in rows.to_dict("records")]

@@ -89,6 +89,7 @@ from headscope.analyses.patching.sites import (
     cell_frame,
     never_read_cells,
     site_types,
+    unpatchable,
     unreachable_cells,
 )
 from headscope.hooks.sites import site
@@ -432,7 +433,7 @@ def run(model, task: Task | str | None = None, config: PatchingConfig | None = N
     # site types this model never computes are left out and said why (sites_absent), whether they come from the
     # defaults or from config.sites (which the report's budget sets too: cost.fewer_sites keeps resid_mid)
     wanted = site_types(config.sites or (QUICK_SITES if config.quick else FULL_SITES))
-    left = {st.name: absent(model, st) for st in wanted if st.hook(0) not in available}
+    left = {st.name: absent(model, st) for st in wanted if unpatchable(model, st, available)}
     names = [st.name for st in wanted if st.name not in left]
     result = activation_patching(model, task, dataclasses.replace(config, sites=tuple(names), attribution=True))
     summary, tables = dict(result.summary), dict(result.tables)

@@ -18,7 +18,8 @@ changes only the MLP's input, not the residual stream that skips the MLP (and
 transformer_lens.patching.get_act_patch_resid_mid inherits this). headscope patches the
 residual stream itself: resid_mid = resid_pre + attn_out, so the attention output is rewritten
 to (source resid_mid - this run's resid_pre) at the patched cells (`writer`). A parallel block
-(GPT-NeoX, GPT-J) has no resid_mid at all: `absent` says why `run` leaves such a type out.
+(GPT-NeoX, GPT-J) has no resid_mid at all: `absent` says why `run` leaves such a type out. Neither can
+`pattern` be patched where TransformerLens discards hook_pattern edits (OPT, GPT-J: hooks/edits.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError
+from headscope.hooks.edits import edits_discarded
 from headscope.hooks.sites import SITES, check_site, site
 from headscope.models.hooked_model import is_parallel
 
@@ -71,10 +73,13 @@ class SiteType:
         return (n_pos, f.d_model)
 
     def check(self, model) -> SiteType:
-        """Raise SiteError if this model never computes the hook points this site type needs."""
+        """Raise SiteError if this model never computes the hook points this site type needs, or (pattern) if
+        TransformerLens discards edits to them (hooks/edits.py: every cell would be exactly 0, review 16d A3)."""
         for layer in range(model.facts.n_layers):
             check_site(model, self.hook(layer))
             check_site(model, self.write_hook(layer))
+        if self.kind == "pattern" and (why := edits_discarded(model, "pattern")):
+            raise SiteError(f"{why}: every {self.name} cell would read exactly 0")
         return self
 
     def cells(self, model, n_pos: int) -> list[tuple[int, int | None, int | None]]:
@@ -134,6 +139,11 @@ def absent(model, st: SiteType) -> str:
     except (SiteError, IndexOutOfRangeError) as error:
         return f"not patched: {error}"
     return "not patched: its hook points never fire on this model"
+
+
+def unpatchable(model, st: SiteType, available: set[str]) -> bool:
+    """Does `run` leave `st` out: its hook never fires, or TransformerLens discards the edit (pattern)?"""
+    return st.hook(0) not in available or (st.kind == "pattern" and edits_discarded(model, "pattern") is not None)
 
 
 def cell_frame(

@@ -31,7 +31,8 @@ gold_masked (decoders with a sliding window: per layer the gold positions whose 
 hidden, or sees only in part, partial: gold_masked), retrieval_heads (the heads
 that pass retrieval_test, which has n examples and rows, and each head's r, cluster bootstrap CI over
 examples, p and Holm-adjusted p), retrieval_test,
-streaming (metric means under full / sinks+window / window attention), no_gold_baseline ({metric: mean, ci,
+streaming (metric means under full / sinks+window / window attention; left out, with not_run saying why, where
+TransformerLens discards score edits: hooks/edits.py), no_gold_baseline ({metric: mean, ci,
 n, interval, and the positions above / overlapping / below it by their intervals}: no_gold_summary).
 """
 from __future__ import annotations
@@ -57,6 +58,7 @@ from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, ru
 from headscope.analyses.position.sinks import layer_sinks, sink_rows, uniform_baseline
 from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
 from headscope.errors import ConfigError, InputTypeError
+from headscope.hooks.edits import edits_discarded
 from headscope.models.alibi import alibi_slopes
 from headscope.models.hooked_model import layer_windows, visible_keys
 
@@ -417,6 +419,10 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     cfg = configure(PositionConfig, config, config_overrides, name="position_bias")
     cfg, sweeps, task, fitted = _sweeps(model, task, cfg)
     encoder = model.facts.is_encoder
+    not_run = None if encoder or cfg.window == 0 else edits_discarded(model, "scores")
+    if not_run:  # review 16d A6: the StreamingLLM masks would mask nothing; the sweep runs without them
+        cfg = replace(cfg, window=0)
+        not_run = f"the streaming (sinks + window) masks: {not_run}, so masking would change nothing"
     n_sink = cfg.n_sink or (1 if task == "zoo_kv" or encoder else 4)  # an encoder's sink is its [CLS], the first token
     if encoder:
         outs = run_encoder_sweeps(model, sweeps, n_sink=n_sink, batch_size=cfg.batch_size, progress=cfg.progress)
@@ -479,6 +485,8 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         "query_aware": cfg.query_aware,
     }
     summary.update(_extras(model, cfg, sweeps, obs, masked, task=task, fitted=fitted))
+    if not_run:
+        summary["not_run"] = not_run
     return Result(
         name="position", df=obs, summary=summary,
         tables={"curve": curve_df, "gold_attention": gold_attention, "sinks": sinks, "heads": heads, "masked": masked,

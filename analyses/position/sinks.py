@@ -23,6 +23,7 @@ import torch
 
 from headscope.analyses.core.chance import t_half_width
 from headscope.errors import ConfigError
+from headscope.hooks.edits import require_edits
 from headscope.hooks.patterns import keep_scores
 from headscope.hooks.sites import site
 from headscope.models.alibi import first_key_share
@@ -108,7 +109,9 @@ def streaming_keep(n_q: int, n_k: int, n_sink: int, window: int, *, keep_sinks: 
 
 @contextmanager
 def streaming_attention(model: Any, *, n_sink: int, window: int, keep_sinks: bool = True) -> Iterator[None]:
-    """Every layer attends only to its sinks + recent window (or the window alone) inside the block."""
+    """Every layer attends only to its sinks + recent window (or the window alone) inside the block. Refused in
+    one line (UnsupportedModelError) where TransformerLens discards score edits (hooks/edits.py)."""
+    require_edits(model, "streaming attention (a mask on hook_attn_scores)")
 
     def hook(scores: torch.Tensor, hook: Any) -> torch.Tensor:  # [batch, head, q, k]: its own q and k (cached decoding too)
         return keep_scores(scores, streaming_keep(scores.shape[-2], scores.shape[-1], n_sink, window, keep_sinks=keep_sinks))

@@ -999,6 +999,41 @@ def test_kv_eviction_tick_labels_never_collide_for_close_budgets():
         plt.close("all")
 
 
+def test_kv_eviction_ticks_and_legend_stay_clear_at_the_reports_layout(monkeypatch):
+    """Review 16d C1: on OPT's sweep (16 prompts of contexts 8..44, budgets 1..32 and 45) the report's figure ran
+    "14/16" (budget 16) into "2/16" (budget 32), and the legend covered the end of the x label: plot_result's final
+    layout (fit_labels' wrapped y label) narrowed the axes after the ticks were thinned. Through plot_result, the
+    drawn tick labels are at least 4 px apart and the legend's box does not meet the x label's."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports.plots import plot_result
+
+    contexts = [8 + (36 * e) // 15 for e in range(16)]  # 8..44: budget 32 evicts from the two longest
+    contexts[-2], contexts[-1] = 40, 44
+    budgets = (1, 2, 4, 8, 16, 32)
+    rows = [{"policy": "full", "budget": 45, "example": e, "context": c, "metric": 10.0 + e} for e, c in enumerate(contexts)]
+    rows += [{"policy": p, "budget": b, "example": e, "context": c, "metric": 10.0 + e}
+             for p in ("heavy_hitters", "sink_window", "window") for b in budgets + (45,) for e, c in enumerate(contexts)]
+    result = Result(name="kv", df=pd.DataFrame(rows), tables={"norms": pd.DataFrame(), "sinks": pd.DataFrame()},
+                    summary={"metric": "logit_diff", "dtype": "float32", "recent_share": 0.5})
+    from headscope.reports import plots_kv
+
+    monkeypatch.setattr(plots_kv, "plot_norms", lambda *a, **k: plt.subplots()[1])  # (these need real tables)
+    monkeypatch.setattr(plots_kv, "plot_sinks", lambda *a, **k: plt.subplots()[1])
+    try:
+        fig = plot_result(result)["kv_eviction"]
+        [ax] = fig.axes
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        shown = [t for t in ax.get_xticklabels() if t.get_text()]
+        boxes = sorted((t.get_window_extent(renderer) for t in shown), key=lambda b: b.x0)
+        assert len(shown) >= 3 and all(b.x0 - a.x1 >= 4.0 for a, b in zip(boxes, boxes[1:]))
+        legend, xlabel = ax.get_legend().get_window_extent(renderer), ax.xaxis.label.get_window_extent(renderer)
+        assert not legend.overlaps(xlabel)
+        assert xlabel.x1 <= ax.get_window_extent(renderer).x1 + 0.5  # every x label line within the axes' width
+    finally:
+        plt.close("all")
+
+
 def test_best_head_bars_carry_their_95_percent_intervals_and_n():
     """Review 5 B5: best_head.png drew its bars as exact. Each bar now carries t(15) x se (t(15, 0.975) =
     2.13145, from tables) around its change, and the title says n = 16; a table without se says so."""
