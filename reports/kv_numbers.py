@@ -38,11 +38,38 @@ def _share(x: float, tol: float = TOLERANCE) -> str:
 SHORT_UNITS = {"logit_diff": "logits", "logprob": "nats", "accuracy": "(accuracy, 0-1)"}
 
 
+def wide_base(row: Mapping[str, Any]) -> bool:
+    """Review 15d B2: whether the full-cache mean a row's change is a share of is too uncertain for a percentage: its
+    95% interval (holding's base_ci_low / base_ci_high) reaches 0 or spans a factor of 2 or more (False where an
+    older summary records none)."""
+    lo, hi = _num(row.get("base_ci_low")), _num(row.get("base_ci_high"))
+    if lo is None or hi is None:
+        return False
+    return lo <= 0 <= hi or max(abs(lo), abs(hi)) >= 2 * min(abs(lo), abs(hi))
+
+
+def _diff_band(row: Mapping[str, Any]) -> str:
+    """'-1.40 logits (95% CI [-4.35, +1.56], per example -6.06 to +1.50, n = 6)': a row's mean change in the metric's
+    units with its interval (the change's interval times its scale), for a row whose full-cache mean is wide_base."""
+    scale, unit = float(row["scale"]), row.get("unit") or "in the metric's units"
+    lo, hi = (_num(row.get(k)) for k in ("ci_low", "ci_high"))
+    ends = [row["diff"]] + ([lo * scale, hi * scale] if lo is not None and hi is not None else [])
+    top = max(abs(v) for v in ends)
+    digits = max(0, 2 - math.floor(math.log10(top))) if top > 0 and math.isfinite(top) else 2
+    inner = [f"95% CI [{ends[1]:+.{digits}f}, {ends[2]:+.{digits}f}]"] if len(ends) == 3 else []
+    if _num(row.get("per_example_diff_low")) is not None:
+        inner.append(f"per example {_span_units(row['per_example_diff_low'], row['per_example_diff_high'])}")
+    return f"{row['diff']:+.{digits}f} {unit} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
+
+
 def _band(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:
     """'+4.5% (95% CI [+3.1%, +5.9%], per example -0.12 to +0.8 logits, n = 16)' from a holding row (two decimals
     near the band's edge). The per-example range is each prompt's policy - full in the metric's units (the row's
     "unit", _with_units), never a share of its own full-cache value (review 10b C2: that value can lie near or
-    below 0); an older summary's per-example shares are left out."""
+    below 0); an older summary's per-example shares are left out. Where the full-cache mean is too uncertain for a share
+    (wide_base) and the row has its units: _diff_band, in the metric's units alone."""
+    if wide_base(row) and row.get("unit") and _num(row.get("scale")) is not None and _num(row.get("diff")) is not None:
+        return _diff_band(row)
     inner = []
     if _num(row.get("ci_low")) is not None and _num(row.get("ci_high")) is not None:
         inner.append(f"95% CI [{_pc(row['ci_low'], tol)}, {_pc(row['ci_high'], tol)}]")
@@ -153,14 +180,15 @@ def _how_sure(row: Mapping[str, Any], how: str, tol: float, s: Mapping[str, Any]
         return f"; its 95% CI reaches inside the {pct} band: {how} it, but not clearly by more than {pct}{tell}"
     end = ("upper", row.get("ci_high")) if how == "below" else ("lower", row.get("ci_low"))
     near = _rounding(s, end[1], end[0]) if s is not None else ""
-    whole = f" and covers the whole +-{pct} band" if row["ci_low"] < -tol and row["ci_high"] > tol else ""
-    return f"; its 95% CI reaches 0{f' ({near})' if near else ''}{whole}: not clearly {how} it at all{tell}"
+    if row["ci_low"] < -tol and row["ci_high"] > tol and not near:  # review 15d C6: said once, short
+        return f"; its 95% CI covers the whole +-{pct} band"
+    return f"; its 95% CI reaches 0{f' ({near})' if near else ''}: not clearly {how} it at all{tell}"
 
 
 def _kept(row: Mapping[str, Any], full: float, tol: float = TOLERANCE) -> str:
     """'keeps 98.8% of the full-cache value, ' where the full cache's mean is positive (a share reads
     right only there; 98.96% near the band's edge), else ''."""
-    return f"keeps {_kept_share(row, tol)} of the full-cache value, " if full > 0 else ""
+    return f"keeps {_kept_share(row, tol)} of the full-cache value, " if full > 0 and not wide_base(row) else ""
 
 
 def _kept_share(row: Mapping[str, Any], tol: float) -> str:

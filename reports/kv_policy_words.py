@@ -19,6 +19,8 @@ from headscope.reports.kv_numbers import (
     _listed,
     _rounding,
     _share,
+    _span_units,
+    wide_base,
 )
 
 
@@ -34,6 +36,45 @@ def _split(s: Mapping[str, Any]) -> str:
 
 def _positions(n: int) -> str:
     return f"{n} position" + ("" if n == 1 else "s")
+
+
+def _kept_parts(s: Mapping[str, Any], policy: str, budget: Any) -> tuple[str, int, int, int] | None:
+    """(what `policy` keeps at `budget` in words, the shortest and longest prompt's positions, the budget) from the
+    summary's kept_split and context_range, or None where it does not record them or a layer slides."""
+    split = ((s.get("kept_split") or {}).get(policy) or {}).get(str(budget))
+    span = s.get("context_range")
+    if not isinstance(split, Mapping) or not (isinstance(span, (list, tuple)) and len(span) == 2):
+        return None
+    if s.get("sliding_windows"):  # a sliding-window layer keeps the policy's positions among its own window's
+        return None
+    first, recent, heavy = (int(split.get(k) or 0) for k in ("first", "recent", "most_attended"))
+    ends = ([f"the first {first}"] if first else []) + ([f"the {recent} newest"] if recent else [])
+    kept_text = f"{and_join(ends)} position{'s' if first + recent != 1 else ''}" if ends else ""
+    if heavy:
+        who = ("older ones" if heavy != 1 else "older one") if ends else ("positions" if heavy != 1 else "position")
+        most = f"the {heavy} {who} the context's queries attended to most"
+        kept_text = f"{kept_text} and {most}" if kept_text else most
+    return kept_text or "nothing", int(span[0]), int(span[1]), int(budget)
+
+
+def _shared_keeps(s: Mapping[str, Any], policies: Mapping[str, Any], missed: Sequence[str]) -> str:
+    """Review 15d C6: where every policy not shown within the band is named at one budget on the same prompts, what
+    each keeps in one sentence: 'Where a policy is not shown within the band, at budget 32 of each prompt's 19 to 39
+    positions (up to 7 evicted): heavy hitters keeps ...; sink window keeps ..., evicting those in the middle; window
+    keeps the 32 newest positions, evicting the oldest (the first token, a sink where there is one, among them).'"""
+    parts = {p: _kept_parts(s, p, _named_budget(policies[p])) for p in missed}
+    got = set(v[1:] for v in parts.values() if v is not None)
+    if not missed or any(v is None for v in parts.values()) or len(got) != 1:
+        return ""
+    lo, hi, b = next(iter(got))
+    if hi <= b:
+        return ""
+    where = (f"of the {hi} positions ({hi - b} evicted)" if lo == hi else
+             f"of each prompt's {lo} to {hi} positions (up to {hi - b} evicted)")
+    gone = {"window": ", evicting the oldest (the first token, a sink where there is one, among them)",
+            "sink_window": ", evicting those in the middle"}
+    said = [f"{p.replace('_', ' ')} keeps {parts[p][0]}{gone.get(p, '')}" for p in missed]
+    return f"Where a policy is not shown within the band, at budget {b} {where}: {'; '.join(said)}."
 
 
 def keeps_words(s: Mapping[str, Any], policy: str, budget: Any) -> str:
@@ -82,6 +123,7 @@ def _drops(s: Mapping[str, Any], hold: Mapping[str, Any]) -> str:
              + ": the newest positions, seen by the fewest queries, go first")}
     missed = [p for p, e in policies.items() if p in rule and e.get("at") is None
               and (e.get("worst_evicting") is not None or e.get("consistent_from") is not None)]
+    shared = _shared_keeps(s, policies, missed)
     said = {p: keeps_words(s, p, _named_budget(policies[p])) for p in missed}  # in this run's numbers, where recorded
     tails = {"window": "; the first token, a sink where there is one, among them",
              "heavy_hitters": "" if split and "no recent" not in split else ": the newest positions go first"}
@@ -94,6 +136,8 @@ def _drops(s: Mapping[str, Any], hold: Mapping[str, Any]) -> str:
         own = keeps_words(s, "heavy_hitters", at) if at is not None else ""
         text = (f"Heavy hitters is H2O's policy ({split}, the rest the older positions the context attended to most)"
                 + (f": {own.replace(' keeps', ' it keeps', 1)}." if own else "."))
+    if shared:
+        return text + (" " if text else "") + shared
     if missed:
         what = "keeps and evicts at the budget named" if any(said.values()) else "evicts"
         text += (" " if text else "") + (f"Where a policy is not shown within the band, this is what its rule {what}: "
@@ -253,11 +297,12 @@ def _where_missed(e: Mapping[str, Any]) -> str:
 
 
 def _misses(e: Mapping[str, Any], tol: float) -> str:
-    """'on average it falls 2.57 to 3.01 logits below the full cache at budget(s) 4, 8 (the band is 1% of the full-cache
-    mean)' (in the metric's units where the record has them, review 15d B2; else 'falls 1.04% to 24.1% ...'): how far each
-    missed budget's mean lies from the full cache (holding's misses, |change|), on the side its verdict says, two
-    decimals near the band's edge (review 9a C1: "misses the tolerance by 1.0%" printed the change, 0.04 points
-    past the band, as the miss)."""
+    """'on average it falls 2.57 logits below the full cache at budget 4 (95% CI [-4.68, -0.45], n = 16) and 3.01 below
+    at 8 (95% CI [-5.21, -0.82], n = 16)': how far each missed budget's mean lies from the full cache, in the metric's
+    units with its n and 95% interval (holding's missed_rows; review 15d B2: a % of a small, uncertain mean reads too
+    precise); more than 2 budgets: the range of the means and of the intervals once. An older summary: 'falls 2.57 to
+    3.01 logits ... (the band is 1% of the full-cache mean)', or in % (holding's misses, |change|, two decimals near
+    the band's edge: review 9a C1)."""
     lo, hi = (_share(m, tol) for m in e["misses"])
     unit = (e.get("closest") or {}).get("unit")
     if _num((e.get("misses_diff") or [None])[0]) is not None and unit:  # review 15d B2: in the metric's units, as the
@@ -270,6 +315,14 @@ def _misses(e: Mapping[str, Any], tol: float) -> str:
     for b in e.get("missed") or []:
         sides.setdefault(str(verdicts.get(str(b))), []).append(str(b))
     band = f"(the band is {100 * tol:.0f}%{' of the full-cache mean' if unit and e.get('misses_diff') else ''})"
+    rows = [r for r in e.get("missed_rows") or [] if _num(r.get("scale")) is not None and _num(r.get("ci_low")) is not None]
+    if unit and rows and len(rows) == len(e.get("missed") or []):  # review 15d-v B2: each fall's n and interval
+        if len(rows) <= 2:
+            return f"on average it {'falls' if set(sides) == {'below'} else 'lies'} {_falls(rows, unit)}"
+        los, his = [r["ci_low"] * r["scale"] for r in rows], [r["ci_high"] * r["scale"] for r in rows]
+        ns = sorted({int(r["n_evicting"]) for r in rows})
+        band = (f"(their 95% CIs within [{_span_units(min(los), max(his)).replace(' to ', ', ')}], n = "
+                + (f"{ns[0]}" if len(ns) == 1 else f"{ns[0]} to {ns[-1]}") + ")")
     if set(sides) in ({"below"}, {"above"}):
         return (f"on average it {'falls' if 'below' in sides else 'lies'} {span} {next(iter(sides))} the full cache "
                 f"{_where_missed(e)} {band}")
@@ -277,6 +330,19 @@ def _misses(e: Mapping[str, Any], tol: float) -> str:
         return (f"on average it lies {span} off the full cache (below at budget(s) {', '.join(sides['below'])}; above at "
                 f"{', '.join(sides['above'])}) {band}")
     return f"on average it lies {span} off the full cache {_where_missed(e)} {band}"  # an older summary: no verdicts
+
+
+def _falls(rows: Sequence[Mapping[str, Any]], unit: str) -> str:
+    """'2.57 logits below the full cache at budget 4 (95% CI [-4.68, -0.45], n = 16) and 3.01 below at 8 (95% CI [-5.21,
+    -0.82], n = 16)': each missed budget's mean change in the metric's units with its 95% t interval (the change's
+    interval times its scale) and n."""
+    def one(r: Mapping[str, Any], first: bool) -> str:
+        side = "below" if r["diff"] < 0 else "above"
+        ci = _span_units(r["ci_low"] * r["scale"], r["ci_high"] * r["scale"]).replace(" to ", ", ")
+        what = f"{abs(r['diff']):#.3g} {unit} {side} the full cache at budget " if first else \
+            f"{abs(r['diff']):#.3g} {side} at "
+        return f"{what}{r['budget']} (95% CI [{ci}], n = {r['n_evicting']})"
+    return " and ".join(one(r, i == 0) for i, r in enumerate(rows))
 
 
 def closest_policies(hold: Mapping[str, Any], tol: float = TOLERANCE) -> tuple[str, list[str]] | None:
@@ -295,7 +361,8 @@ def closest_policies(hold: Mapping[str, Any], tol: float = TOLERANCE) -> tuple[s
     return best, tied
 
 
-def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: str, guess: bool = False) -> str:
+def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: str, guess: bool = False,
+                     s: Mapping[str, Any] | None = None) -> str:
     """When no policy holds: the policy closest to the full cache, what it keeps (metric and answers, each with
     its budget: review 9a C2, "99.0% ... from budget 2" was at 4) and by how much it misses, so a policy that
     keeps most of the metric and every answer is never called useless."""
@@ -320,9 +387,13 @@ def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: s
         how = f"lies {side} the full cache by more than {pct}"
     elif verdict == "zero":
         how = f"lies {side} the full cache, but not clearly by more than {pct}"
-    else:
-        how = f"lies {side} the full cache on average, but its 95% CI reaches 0: not clearly {side} it at all"
-    kept = f"keeps {_kept_share(c, tol)} of the {metric} and " if full > 0 else ""
+    else:  # review 9a C4: a bound within rounding of 0 says so (s: the summary, for its dtype)
+        near = _rounding(s, c.get("ci_high") if side == "below" else c.get("ci_low"),
+                         "upper" if side == "below" else "lower") if s is not None else ""
+        whole = " and covers the whole +-" + pct + " band" if c["ci_low"] < -tol and c["ci_high"] > tol else ""
+        how = (f"lies {side} the full cache on average, but its 95% CI reaches 0{f' ({near})' if near else ''}{whole}: "
+               f"not clearly {side} it at all")
+    kept = f"keeps {_kept_share(c, tol)} of the {metric} and " if full > 0 and not wide_base(c) else ""
     # review 14b A1: "every answer the full cache gets" only where no prompt the full cache answers is lost (lost:
     # per prompt; an older summary without it is not said, equal counts can hide an answer lost and another gained)
     every = c.get("lost") == 0 and c.get("full_correct")
@@ -332,13 +403,8 @@ def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: s
     elif c.get("lost"):
         answers = (f"; it loses {c['lost']} of the {c['full_correct']} answer(s) the full cache gets on these prompts "
                    "(whatever it gains elsewhere)")
-    said = (e.get("worst_evicting") or {}).get("budget") == c["budget"] and e.get("consistent_from") is None
-    band = "its interval as above" if said else f"{_band(c, tol)}{_answers(c, guess)}"  # review 15d C6: said once
-    text = f"{lead}: at budget {c['budget']} it {kept}{how} ({band}){answers}"
-    if e.get("misses"):
-        text += f"; {_misses(e, tol)}"
-    if e.get("monotone") is False:
-        text += ", and its curve is not monotone in the budget"
+    band = f"{_band(c, tol)}{_answers(c, guess)}"  # review 15d C6: the headline states it; the policy's clause not again
+    text = f"{lead}: at budget {c['budget']} it {kept}{how} ({band}){answers}"  # (its misses: in its own clause)
     tied = (closest_policies(hold, tol) or (policy, []))[1]
     if tied:  # review 13c A3: a choice broken below the printed precision is no choice
         names = and_join([p.replace("_", " ") for p in tied])

@@ -33,6 +33,7 @@ from headscope.reports.kv_policy_words import (
     _not_shown,
     _windowed,
     binding_windows,
+    closest_policies,
     missed_words,
 )
 
@@ -40,6 +41,8 @@ from headscope.reports.kv_policy_words import (
 def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list[str]:
     """The sentences of the summary's holding_budgets (analyses/kv/holding.py)."""
     tol, grid = float(hold.get("tolerance", 0.01)), hold.get("grid") or []
+    holds = any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values())
+    headline = None if holds else (closest_policies(hold, tol) or (None, []))[0]  # the policy the headline names
     n_sink, guess = s.get("n_sink"), _guess(hold)
     windowed = _windowed(s, list(hold.get("policies") or {}))
     rounded = (f", or past it by less than one {s.get('dtype') or 'dtype'} rounding step of the metric"
@@ -55,7 +58,7 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
         head += f"Within {100 * tol:.0f}% of it (its 95% CI inside +-{100 * tol:.0f}%"
     head += (f"{rounded}, over the prompts a budget evicts from; "
              f"budgets on the grid {', '.join(str(b) for b in grid)}): ")
-    said, notes = [], []
+    said, notes, told = [], [], False
     for policy, e in (hold.get("policies") or {}).items():
         name = policy.replace("_", " ")
         shown: set[int] = set()  # budgets whose row this policy's clause already states
@@ -82,21 +85,25 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             how = "above" if w["change"] > tol else "below"
             sure = clear_of(w.get("ci_low"), w.get("ci_high"), tol) == "band"  # review 14bv B1
             text = f"{name} {missed_words(e, tol)} ("
-            if c is not None and c["budget"] != w["budget"]:
-                text += f"closest at budget {c['budget']}: {_kept(c, full, tol)}{_band(c, tol)}{_answers(c, guess)}; "
-            text += (f"at its largest budget that evicts, {w['budget']}, its mean is {'still ' if sure else ''}more than "
-                     f"{100 * tol:.0f}% {how} the full cache: ")
-            text += (_kept(w, full, tol) if c is None or c["budget"] == w["budget"] else "") + \
-                f"{_band(w, tol)}{_answers(w, guess)}"
-            text += _how_sure(w, how, tol, s, undecided=not sure)
+            if c is not None and c["budget"] != w["budget"]:  # the headline's policy: said there (review 15d C6)
+                text += f"closest at budget {c['budget']}: " + ("as above; " if policy == headline else
+                                                                f"{_kept(c, full, tol)}{_band(c, tol)}{_answers(c, guess)}; ")
+            text += f"at {w['budget']}, its largest budget that evicts"  # review 15d C6: short; its sign says the side
+            text += f", still more than {100 * tol:.0f}% {how} the full cache" if sure else ""
+            if policy == headline and (c is None or c["budget"] == w["budget"]):  # review 15d C6: the headline said it
+                text += ": as above"
+            else:
+                text += ": " + (_kept(w, full, tol) if c is None or c["budget"] == w["budget"] else "") + \
+                    f"{_band(w, tol)}{_answers(w, guess)}" + _how_sure(w, how, tol, s, undecided=not sure)
             if e.get("misses"):
                 text += f"; {_misses(e, tol)}"
             earlier = [str(r["budget"]) for r in e.get("cannot_tell") or [] if r.get("budget") != w["budget"]]
             if earlier:
-                text += (f"; at budget(s) {', '.join(earlier)} its mean is more than {100 * tol:.0f}% off the full cache "
-                         f"but its 95% CI reaches into the band: cannot tell there")
+                text += (f"; cannot tell at budget(s) {', '.join(earlier)}"
+                         + ("" if told else " (its 95% CI reaches into the band)"))
+                told = True  # review 15d C6: the reason once
             if e.get("monotone") is False:
-                text += ("; not monotone: |change| does not shrink as the budget grows"
+                text += ("; not monotone in the budget"
                          + (f" (budget {c['budget']} is closer than {w['budget']})" if c and c["budget"] != w["budget"] else ""))
             text += ")"
         else:
@@ -114,8 +121,8 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     parts = [head + "; ".join(said) + "."] + ([windowed] if windowed else []) + notes
     if hold.get("whole_from") is not None:
         parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
-    if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
-        parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric")), guess))
+    if not holds:  # review 15d C6: the headline (no policy holds; the closest, with its interval) comes first
+        parts.insert(0, _closest_overall(hold, full, tol, _words(s.get("metric", "metric")), guess, s))
     drops = _drops(s, hold)
     return parts + ([drops] if drops else [])
 
@@ -142,6 +149,7 @@ def finding(s: Mapping[str, Any]) -> str:
             parts.append(f"The first token is {bos!r}, the BOS headscope put in front of every prompt (the tokenizer "
                          "adds none; --no-prepend-bos leaves it out): the attention on it is on a token the prompts "
                          "as tokenized do not have.")
+    lead = len(parts)  # where the eviction headline goes: after the cache size (review 15d C6)
     full = _num(s.get("metric_unevicted"))
     budgets = s.get("metric_per_policy_budget") or {}
     hold = s.get("holding_budgets")
@@ -157,7 +165,9 @@ def finding(s: Mapping[str, Any]) -> str:
     elif full is not None and isinstance(hold, Mapping) and hold.get("no_effect"):
         parts.append(no_effect_sentence(hold["no_effect"], s.get("context_range")))
     elif full is not None and isinstance(hold, Mapping):
-        parts += _holding(s, _with_units(hold, SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")), full)
+        said = _holding(s, _with_units(hold, SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")), full)
+        at = 1 if per_token is not None else 0  # review 15d C6: what fits, then what holds, first
+        parts = parts[:at] + said[:1] + parts[at:lead] + said[1:]
     elif full is not None and budgets:
         context = _num(s.get("context_positions")) or max((int(b) for v in budgets.values() for b in v), default=None)
         ok, saving = [], False

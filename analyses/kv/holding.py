@@ -84,10 +84,11 @@ def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None,
                    chance: float | None = None) -> pd.DataFrame:
     """One row per (policy, budget) of the sweep (not "full"): n_examples, n_evicting (prompts whose
     context is longer than the budget), change, ci_low, ci_high, per_example_diff_low, per_example_diff_high
-    (policy - full in the metric's units),
-    share (median kept / cached, the cache kept) over the evicting prompts (NaN where none evicts), and with a
-    `correct` column in the sweep, correct and full_correct (counts over the evicting prompts); with answers
-    ([example] answer token ids), guess_correct: those of the evicting prompts whose answer is the commonest.
+    (policy - full in the metric's units), base_ci_low / base_ci_high (the 95% t interval of the full cache's mean over
+    the evicting prompts, where change is a share of it), share (median kept / cached, the cache kept) over the
+    evicting prompts (NaN where none evicts), and with a `correct` column in the sweep, correct and full_correct
+    (counts over the evicting prompts); with answers ([example] answer token ids), guess_correct: those of the
+    evicting prompts whose answer is the commonest.
 
     sweep: eviction_sweep's df with its `context` column (each prompt's context length) and, where present,
     `cached` and `kept` (layer-positions held by the full cache and kept by the policy). chance: a log-probability's
@@ -127,6 +128,9 @@ def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None,
                        share=float(np.median(kept_share.reindex(evicting).to_numpy(dtype=float))))
             if ci is not None:
                 row.update(ci_low=ci[0], ci_high=ci[1])
+            base_ci = _interval(base, 1.0)  # review 15d B2: the full-cache mean's own interval (is a % of it meaningful?)
+            if base_ci is not None and scale == abs(float(base.mean())):  # (not where the scale is the span from chance)
+                row.update(base_ci_low=base_ci[0], base_ci_high=base_ci[1])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -206,7 +210,7 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
     every_evicting_missed), "verdicts" ({budget: "holds" | "not shown" | "above" | "below" | "cannot tell" |
     "no value"}), "not_shown" (the rows whose mean is within but whose interval is not), "cannot_tell" (the rows
     whose mean is off but whose interval reaches into the band), "missed" / "every_evicting_missed" (the budgets
-    whose interval lies wholly outside the band, and whether every evicting budget's does),
+    whose interval lies wholly outside the band, and whether every evicting budget's does; "missed_rows" their rows),
     "rounding_held" (the rows that hold only by the rounding floor),
     "consistent_from" (when it does not hold but its means are within from a budget on:
     that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, "no_effect" (no_effect's rows, where any),
@@ -274,6 +278,7 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
                 entry["misses"] = [min(abs(r["change"]) for r in out_of), max(abs(r["change"]) for r in out_of)]
                 # review 15d B2: the same in the metric's units (a share of a small, uncertain mean reads too precise)
                 entry["misses_diff"] = [min(abs(r["diff"]) for r in out_of), max(abs(r["diff"]) for r in out_of)]
+                entry["missed_rows"] = out_of  # review 15d B2: each fall with its n and interval
             entry["monotone"] = all(b <= a + 1e-12 for a, b in zip(sizes, sizes[1:]))
         counted = [r for r in records if r["n_evicting"] >= MIN_EVICTING]  # (a 1-prompt budget keeps nothing said)
         kept = [r.get("lost") == 0 for r in counted]  # review 14b A1: per prompt, not the counts

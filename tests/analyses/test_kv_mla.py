@@ -2,6 +2,7 @@
 tensors (A2), the cache sentence says MLA's saving (A2/B1), heavy hitters keep one set per layer (A6)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -131,9 +132,18 @@ def test_misses_are_said_in_the_metrics_units():
     hold = holding_budgets(pd.DataFrame(rows), n_sink=4)
     e = hold["policies"]["window"]
     assert e["misses_diff"] == pytest.approx([2.5, 3.0])
-    assert _misses(_with_units(e, "logits"), 0.01) == ("on average it falls 2.50 to 3.00 logits below the full cache at "
-                                                       "every budget that evicts (the band is 1% of the full-cache "
-                                                       "mean)")
+    # review 15d-v B2: each fall with its n and 95% t interval (both budgets' changes: the mean +- 0.1, sd sqrt(2/3)/10)
+    from scipy import stats
+
+    c4, c8 = (stats.ttest_1samp(d, 0.0).confidence_interval(0.95) for d in ([-2.9, -3.1, -3.0, -3.0],
+                                                                              [-2.4, -2.6, -2.5, -2.5]))
+    assert _misses(_with_units(e, "logits"), 0.01) == (
+        f"on average it falls 3.00 logits below the full cache at budget 4 (95% CI [{c4.low:+.2f}, {c4.high:+.2f}], n = 4) "
+        f"and 2.50 below at 8 (95% CI [{c8.low:+.2f}, {c8.high:+.2f}], n = 4)")
+    older = {k: v for k, v in e.items() if k != "missed_rows"}  # a summary written before: the range, the band
+    assert _misses(_with_units(older, "logits"), 0.01) == ("on average it falls 2.50 to 3.00 logits below the full cache "
+                                                           "at every budget that evicts (the band is 1% of the "
+                                                           "full-cache mean)")
 
 
 def test_kv_finding_states_each_interval_once():
@@ -158,4 +168,49 @@ def test_kv_finding_states_each_interval_once():
          "holding_budgets": holding_budgets(pd.DataFrame(rows), n_sink=4)}
     text = finding("kv", s)
     assert text.count(interval) == 1, text
-    assert "(its interval as above)" in text and "no evidence that it is better" not in text
+    assert "no evidence that it is better" not in text
+    # review 15d C6: the headline first, with the interval; window's own clause refers to it
+    assert text.startswith("No policy is shown to stay within 1% at a budget that evicts something; window comes "
+                           "closest: at budget 4 it keeps 107.5% of the logit difference and lies above the full cache on "
+                           "average, but its 95% CI reaches 0 and covers the whole +-1% band: not clearly above it at all "
+                           f"({interval}, per example -1.00 to +3.00 logits, n = 4)). "), text
+    assert "window not shown either way (at 4, its largest budget that evicts: as above)" in text
+
+
+def test_no_share_of_a_full_cache_mean_whose_interval_is_wide():
+    """Review 15d-v B2: "keeps -129.1% of the full-cache value, -229.1% (95% CI [-713.4%, +255.3%] ...)" took shares of a
+    6-prompt full-cache mean whose own interval spans a factor of 2 or more. Here 4 prompts at full cache 0.4, 0.8, 0.5,
+    0.7 (mean 0.6, scipy's t interval [0.31, 0.89], a factor 2.9); window at 4 changes them by -1.3, -0.2, -0.9, +0.4
+    (mean -0.5): said in logits with its own interval, no percentage; a narrow full cache (10, 10.2, 9.8, 10) keeps
+    its shares."""
+    import pandas as pd
+    from scipy import stats
+
+    from headscope.analyses.kv.holding import holding_budgets
+    from headscope.reports.findings import finding
+    from headscope.reports.kv_numbers import wide_base
+
+    assert wide_base({"base_ci_low": 0.31, "base_ci_high": 0.89}) and wide_base({"base_ci_low": -0.1, "base_ci_high": 1})
+    assert not wide_base({"base_ci_low": 0.5, "base_ci_high": 0.9}) and not wide_base({})  # older rows: as before
+
+    def text(full):
+        diffs = [-1.3, -0.2, -0.9, 0.4]
+        rows = []
+        for e, (f, d) in enumerate(zip(full, diffs)):
+            rows += [{"policy": "full", "budget": 12, "example": e, "context": 12, "metric": f},
+                     {"policy": "window", "budget": 4, "example": e, "context": 12, "metric": f + d}]
+        hold = holding_budgets(pd.DataFrame(rows), n_sink=4)
+        return hold, finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": float(np.mean(full)),
+                                    "holding_budgets": hold})
+
+    full = [0.4, 0.8, 0.5, 0.7]
+    base = stats.ttest_1samp(full, 0.0).confidence_interval(0.95)
+    assert base.high / base.low > 2
+    hold, wide = text(full)
+    row = hold["policies"]["window"]["closest"]
+    assert (row["base_ci_low"], row["base_ci_high"]) == pytest.approx((base.low, base.high))
+    ci = stats.ttest_1samp([-1.3, -0.2, -0.9, 0.4], 0.0).confidence_interval(0.95)
+    assert (f"(-0.50 logits (95% CI [{ci.low:+.2f}, {ci.high:+.2f}], per example -1.30 to +0.40, n = 4))") in wide, wide
+    assert "% (95% CI" not in wide and "of the logit difference" not in wide and "of the full-cache value" not in wide
+    _, narrow = text([10.0, 10.2, 9.8, 10.0])
+    assert "-5.0% (95% CI" in narrow and "keeps 95.0% of the logit difference" in narrow

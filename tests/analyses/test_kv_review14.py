@@ -80,8 +80,10 @@ def test_kv_log_probability_band_is_a_share_of_the_span_from_chance_and_the_word
     assert (f"Full-cache answer log-probability -1 (95% CI [{full_ci.low:.3g}, {full_ci.high:.3g}], mean over 4 "
             "examples). Within 1% of the span from chance (-6.21 nats, a uniform guess over the vocabulary) to the full "
             "cache, 0.052 nats at the mean above (a log-probability's 0 is its ceiling, not a scale;") in text
-    assert ("window comes closest: at budget 4 it lies below the full cache on average, but its 95% CI reaches 0: not "
-            "clearly below it at all (its interval as above)") in text  # review 15d C6: said once, in window's clause
+    assert text.startswith("No policy is shown to stay within 1% at a budget that evicts something; window comes "
+                           "closest: at budget 4 it lies below the full cache on average, but its 95% CI reaches 0 and "
+                           "covers the whole +-1% band: not clearly below it at all (")  # review 15d C6: the headline first
+    assert "window not shown either way (at 4, its largest budget that evicts: as above)" in text  # its interval once
     assert text.count(f"{100 * -0.275 / span:+.1f}% of the span (95% CI [{100 * ci.low / span:+.1f}%, "
                       f"{100 * ci.high / span:+.1f}%], per example -0.900 to +0.300 nats, n = 4)") == 1
     assert "within -" not in text and "keeps the answer log-probability" not in text
@@ -177,12 +179,17 @@ def test_kv_never_within_needs_every_interval_outside_the_band():
         (16, np.mean(wide) / 10, ci.low / 10, ci.high / 10))
     s = {"metric": "logit_diff", "n_examples": 6, "metric_unevicted": 10.0, "holding_budgets": hold}
     text = finding("kv", s)
-    assert (f"window not shown either way (at its largest budget that evicts, 16, its mean is more than 1% below the "
-            f"full cache: keeps 93.0% of the full-cache value, -7.0% (95% CI [{10 * ci.low:+.1f}%, {10 * ci.high:+.1f}%], "
-            "per example -3.00 to +1.00 logits, n = 6); its 95% CI reaches 0 and covers the whole +-1% band: not clearly "
-            "below it at all, so whether it stays within 1% there cannot be told; on average it falls 5.00 logits below the "
-            "full cache at budget(s) 4 (the band is 1% of the full-cache mean))") in text, text  # review 15d B2: units
-    assert "heavy hitters never (at its largest budget that evicts, 16, its mean is still more than 1% below" in text
+    # review 15d C6: window, the closest, in the headline (its interval once); review 15d-v B2: each fall with its n and
+    # 95% CI in logits (budget 4: scipy's t interval of at4)
+    assert text.startswith(f"No policy is shown to stay within 1% at a budget that evicts something; window comes closest: "
+                           f"at budget 16 it keeps 93.0% of the logit difference and lies below the full cache on average, "
+                           f"but its 95% CI reaches 0 and covers the whole +-1% band: not clearly below it at all (-7.0% "
+                           f"(95% CI [{10 * ci.low:+.1f}%, {10 * ci.high:+.1f}%], per example -3.00 to +1.00 logits, "
+                           "n = 6)). "), text
+    ci4 = stats.ttest_1samp(at4, 0.0).confidence_interval(0.95)
+    assert ("window not shown either way (at 16, its largest budget that evicts: as above; on average it falls 5.00 logits "
+            f"below the full cache at budget 4 (95% CI [{ci4.low:+.2f}, {ci4.high:+.2f}], n = 6))") in text, text
+    assert "heavy hitters never (at 16, its largest budget that evicts, still more than 1% below" in text
     assert "window never" not in text and "No policy stays" not in text
     assert "No policy is shown to stay within 1% at a budget that evicts something; window comes closest" in text
     # a summary written before the fix (its verdicts from the mean alone) is read by the intervals it keeps

@@ -1337,11 +1337,11 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
     assert ("No policy is shown to stay within 1% at a budget that evicts something; window comes closest: at budget 4 it "
             "keeps 100.1% of the logit difference and is within 1% on average, but its 95% CI reaches past the band: not "
             "shown (+0.1% (95% CI") in only
-    assert ("heavy hitters never (at its largest budget that evicts, 8, "
-            "its mean is still more than 1% below the full cache: keeps 90.0% of "
-            "the full-cache value, -10.0%") in text
-    assert ("on average it falls 1.00 logits below the full cache at every budget that evicts (the band is 1% of the "
-            "full-cache mean)") in text
+    assert ("heavy hitters never (at 8, its largest budget that evicts, still more than 1% below the full cache: keeps "
+            "90.0% of the full-cache value, -10.0%") in text
+    # review 15d-v B2: each fall with its n and 95% CI (every prompt falls by exactly 1: intervals of width 0)
+    assert ("on average it falls 1.00 logits below the full cache at every budget that evicts (their 95% CIs within "
+            "[-1.00, -1.00], n = 2 to 4)") in text
     assert ("Window is better than the full cache by more than 1% at budget(s) 1: at 1, +7.5% (95% CI [+2.9%, +12.1%], "
             "per example +0.50 to +1.00 logits, n = 4).") in text
     assert "From budget 12 on, every prompt is kept whole" in text and "saves anything" not in text
@@ -1364,11 +1364,16 @@ def test_kv_per_example_ranges_are_in_logits_never_shares_of_a_full_cache_value_
     hold = holding_budgets(pd.DataFrame(rows), n_sink=1)
     text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": float(np.mean(full)),
                           "holding_budgets": hold})
-    assert "per example -0.20 to +1.00 logits, n = 4" in text
+    # review 15d-v B2: the full cache's mean, 3.26, has a 95% CI reaching 0 ([-6.7, +13.3]): no share of it, the change in
+    # logits with its own interval (scipy's t over the 4 prompts' changes)
+    assert stats.ttest_1samp(full, 0.0).confidence_interval(0.95).low < 0
+    ci = stats.ttest_1samp(np.subtract(evicted, full), 0.0).confidence_interval(0.95)
+    assert f"+0.31 logits (95% CI [{ci.low:+.2f}, {ci.high:+.2f}], per example -0.20 to +1.00, n = 4)" in text, text
     assert "1100" not in text and "per example -2.2%" not in text and "per example -1" not in text
+    assert "of the logit difference" not in text and "% (95% CI" not in text
     # in nats for a log-probability, and an older summary's shares are not said at all
     nats = finding("kv", {"metric": "logprob", "n_examples": 4, "metric_unevicted": 3.26, "holding_budgets": hold})
-    assert "per example -0.20 to +1.00 nats, n = 4" in nats
+    assert "per example -0.20 to +1.00, n = 4" in nats and "+0.31 nats (95% CI" in nats
     as_shares = json.loads(re.sub(r'"per_example_diff_(low|high)": [-0-9.e]+', r'"per_example_\1": 11.0', json.dumps(hold)))
     assert "per_example_diff" not in json.dumps(as_shares)
     older = finding("kv", {"metric": "logit_diff", "metric_unevicted": 3.26, "holding_budgets": as_shares})
@@ -1421,13 +1426,16 @@ def test_kv_more_than_1_percent_only_where_the_interval_clears_it():
                                                  "sink_window": [-v for v in changes["heavy_hitters"]]}, None), n_sink=4)
     text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "holding_budgets": below})
     # review 14bv B1: an interval that reaches into the band is no "never": not shown either way
-    assert ("window not shown either way (at its largest budget that evicts, 4, "
-            "its mean is more than 1% below the full cache: keeps 98.6% of the "
-            "full-cache value, -1.4% (95% CI") in text and "never" not in text
+    assert ("window not shown either way (at 4, its largest budget that evicts: keeps 98.6% of the full-cache value, "
+            "-1.4% (95% CI") in text and "never" not in text
     assert ("n = 4); its 95% CI reaches inside the 1% band: below it, but not clearly by more than 1%, so whether it stays "
             "within 1% there cannot be told)") in text
-    assert ("n = 4); its 95% CI reaches 0 and covers the whole +-1% band: not clearly below it at all, so whether it stays "
-            "within 1% there cannot be told)") in text
+    # sink window, the closest, is said in the headline, its interval once (review 15d C6)
+    assert text.startswith("No policy is shown to stay within 1% at a budget that evicts something; sink window comes "
+                           "closest: at budget 4 it keeps 98.8% of the logit difference and lies below the full cache on "
+                           "average, but its 95% CI reaches 0 and covers the whole +-1% band: not clearly below it at "
+                           "all (-1.2% (95% CI"), text
+    assert "sink window not shown either way (at 4, its largest budget that evicts: as above)" in text
 
 
 def test_kv_says_what_each_policy_keeps_and_evicts_in_the_runs_numbers():
@@ -1445,15 +1453,19 @@ def test_kv_says_what_each_policy_keeps_and_evicts_in_the_runs_numbers():
          "holding_budgets": holding_budgets(hand_heavy_hitters_sweep(), n_sink=4), "kept_split": kept,
          "context_range": [12, 12]}
     text = finding("kv", s)
-    assert text.endswith("Where a policy is not shown within the band, this is what its rule keeps and evicts at the "
-                         "budget named: heavy hitters at budget 8 keeps the 4 newest positions and the 4 older ones the "
-                         "context's queries attended to most and evicts the other 4 of the 12; sink window at budget 8 "
-                         "keeps the first 4 and the 4 newest positions and evicts the 4 in the middle of the 12; window "
-                         "at budget 8 keeps the 8 newest positions and evicts the oldest 4 of the 12; the first token, a "
-                         "sink where there is one, among them."), text
+    # review 15d C6: every policy named at one budget on the same prompts: one sentence, the budget and span once
+    assert text.endswith("Where a policy is not shown within the band, at budget 8 of the 12 positions (4 evicted): heavy "
+                         "hitters keeps the 4 newest positions and the 4 older ones the context's queries attended to "
+                         "most; sink window keeps the first 4 and the 4 newest positions, evicting those in the middle; "
+                         "window keeps the 8 newest positions, evicting the oldest (the first token, a sink where there "
+                         "is one, among them)."), text
     ranged = finding("kv", {**s, "context_range": [9, 12]})
-    assert ("window at budget 8 keeps the 8 newest positions and evicts the oldest of each prompt's 9 to 12 positions "
-            "(up to 4)") in ranged
+    assert ("at budget 8 of each prompt's 9 to 12 positions (up to 4 evicted): heavy hitters keeps the 4 newest positions "
+            "and") in ranged
+    from headscope.reports.kv_policy_words import keeps_words
+
+    assert keeps_words({**s, "context_range": [9, 12]}, "window", 8) == (
+        "at budget 8 keeps the 8 newest positions and evicts the oldest of each prompt's 9 to 12 positions (up to 4)")
     from headscope.reports.kv_policy_words import _drops
 
     holds = {"policies": {"heavy_hitters": {"budget": 2, "at": {"budget": 2}}}}  # within the band at 2
@@ -1517,24 +1529,25 @@ def test_kv_names_the_closest_budget_with_its_answers_and_never_says_none_saves_
     assert ("No policy is shown to stay within 1% at a budget that evicts something; heavy hitters comes closest: at "
             "budget 1 it keeps 98.8% of the logit difference and lies below the full cache, but not clearly by more than 1% "
             "(-1.2% (95% CI [") in text
-    assert "; it keeps every answer the full cache gets from budget 1 on; on average it falls" in text
-    assert ("; on average it falls 0.190 to 0.460 logits below the full cache at budget(s) 2, 4, 8 (the band is 1% of the "
-            "full-cache mean), and its curve "
-            "is not monotone in the budget.") in text
-    assert ("heavy hitters not within from any budget on (closest at budget 1: keeps 98.8% of the full-cache value, -1.2% "
-            "(95% CI") in text
-    assert "at budget(s) 1 its mean is more than 1% off the full cache but its 95% CI reaches into the band: cannot tell" in text
-    assert ("n = 4); 4/4 answers correct (full cache 4/4); at its largest budget that evicts, 8, "
-            "its mean is still more than 1% below") in text
-    assert "(budget 1 is closer than 8)" in text
-    assert ("window never (at its largest budget that evicts, 8, "
-            "its mean is still more than 1% below the full cache: keeps 90.0% of the "
-            "full-cache value, -10.0% (95% CI") in text and "3/4 answers correct (full cache 4/4)" in text
+    assert "; it keeps every answer the full cache gets from budget 1 on. " in text
+    assert text.count("-1.2% (95% CI") == 1  # review 15d C6: the closest budget's interval once, in the headline
+    # review 15d-v B2: the falls with their n and the range of their 95% CIs: each prompt's change is the budget's mean
+    # plus 10 x (-0.002, 0.001, 0, 0.001) logits, so every interval is the mean +- t(3) x sd / 2 (scipy by hand)
+    half = stats.t.ppf(0.975, 3) * np.std([-0.02, 0.01, 0.0, 0.01], ddof=1) / 2
+    assert ("heavy hitters not within from any budget on (closest at budget 1: as above; at 8, its largest budget that "
+            "evicts, still more than 1% below the full cache: -1.9% (95% CI") in text
+    assert ("; on average it falls 0.190 to 0.460 logits below the full cache at budget(s) 2, 4, 8 (their 95% CIs within "
+            f"[{-0.46 - half:.3f}, {-0.19 + half:.3f}], n = 4); cannot tell at budget(s) 1 (its 95% CI reaches into the "
+            "band); not monotone in the budget (budget 1 is closer than 8))") in text
+    assert ("window never (at 8, its largest budget that evicts, still more than 1% below the full cache: keeps 90.0% of "
+            "the full-cache value, -10.0% (95% CI") in text and "3/4 answers correct (full cache 4/4)" in text
     # a policy within 1% at budget 4 only (not from one budget on) is not said to miss at every budget
     hold = s["holding_budgets"]
-    hold["policies"]["heavy_hitters"].update(missed=[2, 8], every_evicting_missed=False)
-    assert ("on average it falls 0.190 to 0.460 logits below the full cache at budget(s) 2, 8 (the band is 1% of the "
-            "full-cache mean),") in finding("kv", s)
+    e = hold["policies"]["heavy_hitters"]
+    e.update(missed=[2, 8], every_evicting_missed=False, missed_rows=[r for r in e["missed_rows"] if r["budget"] != 4])
+    assert ("on average it falls 0.270 logits below the full cache at budget 2 (95% CI "
+            f"[{-0.27 - half:.3f}, {-0.27 + half:.3f}], n = 4) and 0.190 below at 8 (95% CI "
+            f"[{-0.19 - half:.3f}, {-0.19 + half:.3f}], n = 4); cannot tell at budget(s) 1") in finding("kv", s)
     # no answers recorded and no policy close: the closest is still named, with its size
     bare = holding_budgets(hand_heavy_hitters_sweep().drop(columns="correct"), n_sink=4)
     text = finding("kv", {**s, "holding_budgets": bare})
@@ -1566,16 +1579,19 @@ def test_kv_says_how_far_past_the_band_each_budget_falls_and_which_budget_keeps_
     assert hold["constant_guess"] == {"correct": 3, "n_examples": 4, "n_answers": 2}
     text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "holding_budgets": hold})
     ci = stats.ttest_1samp(at4, 0.0).confidence_interval(0.95)
-    assert (f"keeps 98.96% of the full-cache value, -1.04% (95% CI [{ci.low:+.1f}%, {ci.high:+.1f}%], per example "
+    assert (f"(-1.04% (95% CI [{ci.low:+.1f}%, {ci.high:+.1f}%], per example "
             "-0.150 to -0.050 logits, n = 4); 4/4 answers correct (full cache 4/4; a constant guess of the commonest answer "
             "3/4)") in text
     # review 14bv B1: budget 4's interval reaches into the band: not missed, not "No policy stays"
-    assert ("on average it falls 2.41 to 5.00 logits below the full cache at budget(s) 1, 2 (the band is 1% of the full-cache "
-            "mean)") in text
-    assert ("No policy is shown to stay within 1% at a budget that evicts something; heavy hitters comes closest: at "
-            "budget 4 it keeps 98.96% of the logit difference and lies below the full cache, but not clearly by more than "
-            "1% (its interval as above)") in text and text.count("-1.04% (95% CI") == 1  # review 15d C6: said once
-    assert "; it keeps every answer the full cache gets from budget 2 on; on average it falls" in text
+    # review 15d-v B2: each fall with its n and 95% CI (each prompt falls by the same amount: intervals of width 0)
+    assert ("on average it falls 5.00 logits below the full cache at budget 1 (95% CI [-5.00, -5.00], n = 4) and 2.41 below "
+            "at 2 (95% CI [-2.41, -2.41], n = 4)") in text
+    # review 15d C6: the headline first, with the closest budget's interval (once); the policy's clause refers to it
+    assert text.startswith("No policy is shown to stay within 1% at a budget that evicts something; heavy hitters comes "
+                           "closest: at budget 4 it keeps 98.96% of the logit difference and lies below the full cache, "
+                           "but not clearly by more than 1% (-1.04% (95% CI") and text.count("-1.04% (95% CI") == 1
+    assert "heavy hitters not shown either way (at 4, its largest budget that evicts: as above; " in text
+    assert "; it keeps every answer the full cache gets from budget 2 on. " in text
     assert "misses" not in text and "99.0%" not in text and "-1.0% " not in text
     four = holding_budgets(_kv_sweep({4: at4}), n_sink=4, answers=[1, 2, 3, 7])
     assert "a constant guess of the commonest answer 1/4" in finding("kv", {"metric_unevicted": 10.0,
