@@ -23,6 +23,7 @@ import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, no_pairs_reason, zoo
 from headscope.errors import HeadscopeWarning, InputTypeError, TaskError, UnsupportedModelError
+from headscope.models.readout import readout_reason
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +52,10 @@ class Needs:
       family's data, not a prompt/answer task (`takes_own_records`);
     continuation: it scores answers of several tokens by their whole continuation (Task.continuation:
       the metric reads the last k positions); False: it reads one next-token answer at the last position;
-    what: what it does, for messages ("measures next-token answers").
+    what: what it does, for messages ("measures next-token answers");
+    linear_readout: what of it reads the residual stream linearly into the logits ("the logit lens and direct logit
+      attribution"), so it cannot run on post-LN blocks nor without a hooked final norm (models.readout: skipped,
+      one line); "" where nothing does.
     """
 
     answers: bool = True
@@ -71,6 +75,7 @@ class Needs:
     own_records: Callable[[Any, str, Any], str | None] | None = None
     continuation: bool = False
     what: str = ""
+    linear_readout: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +116,9 @@ def model_reasons(needs: Needs, model: Any, task: Any = None, config: Any = None
     if needs.decoder and facts.is_encoder:
         why = f": it {needs.what}" if needs.what else ""
         return [f"{facts.name} is an encoder and this analysis needs a decoder{why}"]
+    gap = readout_reason(model, needs.linear_readout) if needs.linear_readout else None
+    if gap:  # review 16d A4: OPT's post-LN blocks (or a final norm the bridge does not hook), before any work
+        return [gap]
     reasons = _default_data_reasons(needs, model)
     if reasons and task is not None and takes_own_records(needs, task) and not task_reasons(needs, task, model, config):
         return []
