@@ -14,6 +14,7 @@ D_MODEL, D_EMBED, FFN = 32, 16, 48  # TransformerLens's bridge config says d_mlp
 
 def _build(out, pre_ln: bool):
     import transformers
+
     from tests_support import N_WORDS, SPECIALS, save_tokenizer, word_tokenizer
 
     torch.manual_seed(0)
