@@ -53,7 +53,8 @@ TOKENS = torch.tensor([[2, 5, 9, 12, 7, 30, 8]])
 def _last_block_output(hf, tokens):
     """[1, pos, d_model]: the last decoder layer's output in plain HF (a forward hook)."""
     got = {}
-    handle = hf.model.decoder.layers[-1].register_forward_hook(lambda m, a, o: got.__setitem__("x", o[0] if isinstance(o, tuple) else o))
+    layer = hf.model.decoder.layers[-1]
+    handle = layer.register_forward_hook(lambda m, a, o: got.__setitem__("x", o[0] if isinstance(o, tuple) else o))
     with torch.no_grad():
         logits = hf(tokens).logits
     handle.remove()
