@@ -512,6 +512,8 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         # post-norm blocks (Gemma 2/3, OLMo 2): value vectors taken through the post-MLP norm's gain
         "values_through_post_norm": any(block_shape.post_mlp_norm(model.bridge.blocks[layer]) is not None
                                         for layer in layers),
+        # post-LN blocks (OPT, do_layer_norm_before=False): through their own block's LayerNorm (review 16d A5)
+        "values_through_post_ln": bool(getattr(model.facts, "post_ln", False)),
         "gated_mlp": model.facts.gated_mlp,
         # the three neurons with the largest mean update at the answer, with their expert and its routing (the finding
         # names them with n_routed in words: a mean over examples counts the zeros of those not routed to the expert)

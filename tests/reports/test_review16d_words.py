@@ -39,3 +39,18 @@ def test_path_patching_not_run_is_one_sentence():
     reason = "path patching cannot run on ./opt: its blocks are post-LN (...)"
     assert _path_words({"not_run": reason}, 1.0, "logit difference", True) == (
         "Path patching cannot run on ./opt: its blocks are post-LN (...); it was not run.")
+
+
+def test_mlp_finding_says_values_went_through_the_blocks_layernorm_on_post_ln():
+    """A5: on post-LN blocks (summary values_through_post_ln) the mlp finding says how the value vectors were read."""
+    from headscope.reports.findings import finding
+
+    chance = {"at_chance": True, "metric": "logit_diff", "mean": -0.008, "chance_value": 0.0, "ci": [-0.05, 0.034],
+              "ci_level": 0.95, "reason": "the 95% CI [-0.05, 0.034] of the mean logit difference contains chance (0)"}
+    s = {"agreement_per_layer": {"0": 0.0, "1": 0.005}, "agreement_shuffled_per_layer": {"0": 0.02},
+         "n_neurons_per_layer": 192, "n_prefixes": 135, "answer_promoted_fraction": 0.0, "n_task_updates": 48,
+         "chance": chance}
+    assert finding("mlp", {**s, "values_through_post_ln": True}) == finding("mlp", s) + (
+        " The blocks are post-LN: value vectors are taken through their own block's LayerNorm (centred, times its gain; "
+        "its shared scale left out), not through the later blocks' LayerNorms that the write also passes on its way to "
+        "the logits.")
