@@ -62,8 +62,8 @@ from headscope.models.readout import refuse_post_ln
 
 COMPONENTS = ("q", "k", "v")
 PATHS = "path patching"  # review 16d A2: why it cannot run on post-LN blocks, after models.readout.POST_LN
-PATHS_WHY = (", and it adds a head's write to the final stream or a receiver's input past the LayerNorms that every "
-             "write passes through there, which names the wrong heads")
+PATHS_WHY = (", and it would add a head's write to the final stream or a receiver's input past the LayerNorms every "
+             "write passes through there, so its effects would not be the model's direct paths")
 Head = tuple[int, int]
 
 
