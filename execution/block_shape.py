@@ -11,7 +11,8 @@ shapes stay consistent:
   one norm (GPT-J, Phi) feeds ln1(x) to both branches.
 a is the attention output o(z) (before any post-norm). TransformerLens's bridge says which: a
 ParallelBlockBridge is parallel, the ln1_post / ln2 / ln2_post submodules say where the norms sit,
-and a ScaledResidualBlockBridge (Granite: scaled residual writes) is none of these (None).
+and a ScaledResidualBlockBridge (Granite: scaled residual writes) and OPT's post-LN block
+(out = ln2(h + MLP(h)), h = ln1(x + a): models.readout) are none of these (None).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 
 from headscope.errors import UnsupportedModelError
 from headscope.models.hooked_model import is_parallel, raw_module  # is_parallel: block_shape.is_parallel too
+from headscope.models.readout import is_post_ln_block
 
 
 class Parts(NamedTuple):
@@ -47,8 +49,8 @@ def parts(block: torch.nn.Module, convert: Callable[[torch.nn.Module], Callable]
     residual writes, no MLP)."""
     from transformer_lens.model_bridge.generalized_components.block import ScaledResidualBlockBridge
 
-    if isinstance(block, ScaledResidualBlockBridge) or _child(block, "mlp") is None:
-        return None
+    if isinstance(block, ScaledResidualBlockBridge) or _child(block, "mlp") is None or is_post_ln_block(block):
+        return None  # post-LN OPT: ln1/ln2 normalise the whole stream after each add, a shape none of the above has
 
     def get(name: str):
         module = _child(block, name)

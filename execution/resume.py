@@ -40,6 +40,7 @@ from headscope.execution.rows import take
 from headscope.hooks.kv_states import holds_prefix, new_cache, prefix_cache
 from headscope.hooks.sites import site, split_block
 from headscope.models.hooked_model import left_padding_starts
+from headscope.models.readout import final_readout
 
 HookList = Sequence[tuple[str, Callable[..., Any]]]
 _SUPPORT: weakref.WeakKeyDictionary[Any, Support] = weakref.WeakKeyDictionary()
@@ -320,7 +321,7 @@ def logits_of(model, x: torch.Tensor) -> torch.Tensor:
     norm and unembedding, then the model's final soft-capping where it has one (Gemma 2:
     cap * tanh(logits / cap), as Hugging Face's causal-LM head), after its linear logit scale
     (facts.logit_scale: Granite's 1 / logits_scaling), which the bridge's unembed leaves out."""
-    logits = model.bridge.unembed(model.bridge.ln_final(x))
+    logits = final_readout(model, x)  # final norm (none on post-LN OPT), project_out (OPT-350m), unembedding
     if model.facts.logit_scale != 1.0:
         logits = logits * model.facts.logit_scale
     cap = getattr(model.bridge.original_model.config, "final_logit_softcapping", None)

@@ -22,9 +22,10 @@ from typing import Any, Literal
 
 import torch
 
-from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError
+from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError, UnsupportedModelError
 from headscope.hooks.residual import CacheHabits, _check_scale_shape, norm_weight, slice_axis
 from headscope.hooks.sites import ALIASES, SITES, _suggest, site
+from headscope.models.readout import NO_SUM, POST_LN, readout_gap
 
 FORMAT = "headscope.Activations/1"  # safetensors metadata marker
 OUTPUT_KEY = "output"  # the forward's output in a saved file (no hook name is a bare "output")
@@ -58,6 +59,8 @@ def model_meta(model) -> dict[str, Any]:
         "final_rms": bool(getattr(cfg, "final_rms", False)),
         "attn_only": bool(getattr(cfg, "attn_only", False)),
         "parallel": bool(getattr(cfg, "parallel_attn_mlp", False)),  # attention and MLP read the same stream
+        "post_ln": bool(getattr(model.facts, "post_ln", False)),  # OPT post-LN: no linear decomposition
+        "readout_gap": readout_gap(model),  # why no linear read into the logits (models.readout), None where one exists
     }
 
 
@@ -237,6 +240,14 @@ class Activations(CacheHabits, dict):
             raise IndexOutOfRangeError(f"layer {layer} is out of range: use 0..{n} (n_layers = all), or -1 for all.")
         return layer % (n + 1)
 
+    def _refuse_post_ln(self, what: str, *, final_norm: bool = False) -> None:
+        """One line before any work (review 16d A4) where the blocks are post-LN (the stream is not a sum of writes)
+        or, with final_norm (a read through the final norm), where the bridge hooks no final norm (pre-LN OPT)."""
+        gap = self.meta.get("readout_gap")
+        if self.meta.get("post_ln", False) or (final_norm and gap):
+            name = self.meta.get("model", "this model")
+            raise UnsupportedModelError(f"{what} cannot run on {name}: {gap or POST_LN + NO_SUM}.")
+
     def _needs_model(self, what: str):
         if self.model is None:
             raise ConfigError(f"{what} needs the model's weights; load with Activations.load(path, model=model).")
@@ -300,6 +311,8 @@ class Activations(CacheHabits, dict):
         Parallel-block models (GPT-NeoX) have no resid_mid, so incl_mid raises SiteError.
         """
         stop, n = self._stop(layer), self.n_layers
+        if apply_ln:
+            self._refuse_post_ln("accumulated_resid(apply_ln=True) (the logit lens)", final_norm=stop == n)
         comps, labels = [], []
         for l in range(stop + 1):
             if l == n:
@@ -315,6 +328,15 @@ class Activations(CacheHabits, dict):
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, stop, mlp_input=mlp_input, pos_slice=pos_slice, recompute_ln=stop == n)
         return (stack, labels) if return_labels else stack
+
+    def _projected(self, embed: torch.Tensor) -> torch.Tensor:
+        """hook_embed [batch, pos, d_embed] as it enters the stream: through project_in where the word embedding is
+        narrower than the stream (OPT-350m: review 16d A4), else as it is."""
+        proj = getattr(getattr(self.model, "bridge", None), "project_in", None)
+        if not getattr(getattr(self.model, "facts", None), "d_embed", None) or proj is None:
+            return embed
+        with torch.no_grad():
+            return proj(embed.to(self.model.device)).to(embed.device)
 
     def _mid(self, layer: int) -> torch.Tensor:
         if self.meta.get("parallel", False):
@@ -336,13 +358,14 @@ class Activations(CacheHabits, dict):
         """
         if mode not in ("all", "mlp", "attn"):
             raise ConfigError(f"mode must be 'all', 'mlp' or 'attn', got {mode!r}.")
+        self._refuse_post_ln("decompose_resid")
         stop = self._stop(layer)
         incl_attn, incl_mlp = mode != "mlp", mode != "attn" and not self.meta.get("attn_only", False)
         comps, labels = [], []
         if incl_embeds:
             for kind in ("embed", "pos_embed"):
                 if kind in self:
-                    comps.append(self[kind])
+                    comps.append(self._projected(self[kind]) if kind == "embed" else self[kind])
                     labels.append(kind)
         for l in range(stop):
             if incl_attn:
@@ -382,6 +405,7 @@ class Activations(CacheHabits, dict):
         each component, bias included (the logit lens; tracking gradients only when the stack
         does). Models without LayerNorm/RMSNorm get the stack back unchanged.
         """
+        self._refuse_post_ln("apply_ln_to_stack", final_norm=self._stop(layer) == self.n_layers)
         stop, n = self._stop(layer), self.n_layers
         if has_batch_dim:
             stack = slice_axis(stack, batch_slice, 1)

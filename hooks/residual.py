@@ -127,6 +127,7 @@ class CacheHabits:
         model (compatibility mode); for a single answer its center_unembed reads W_U[:, a] minus
         the vocabulary mean of W_U instead.
         """
+        self._refuse_post_ln("logit_attrs", final_norm=True)
         model = self._needs_model("logit_attrs")
         ids = _token_ids(model, tokens)
         directions = model.tokens_to_residual_directions(ids)  # [*ids.shape, d_model]
@@ -184,6 +185,7 @@ class CacheHabits:
         weights). apply_ln as `apply_ln_to_stack`; project_output_onto [d_model] or [d_model, k]
         multiplies the result (the last axis squeezed for a vector).
         """
+        self._refuse_post_ln("get_full_resid_decomposition")
         stop, n = self._stop(layer), self.n_layers
         if mlp_input and stop == n:
             raise ConfigError("mlp_input=True reads a block's MLP input; pass a layer below n_layers.")

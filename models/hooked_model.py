@@ -27,6 +27,7 @@ from headscope.errors import (
     TokenizationWarning,
 )
 from headscope.models import heap
+from headscope.models.readout import is_post_ln_block, unembed_weight
 from headscope.models.tl_habits import TLHabits
 from headscope.models.token_text import token_strings, unknown_words
 
@@ -84,6 +85,12 @@ class ModelFacts:
         if self.fixed_context:
             return str(self.n_ctx)
         return "none (" + ("ALiBi: " if self.positional == "alibi" else "") + "no fixed context)"
+    # Post-LN blocks (OPT with do_layer_norm_before=False: each block's LayerNorm normalises the whole stream after
+    # every add, no final norm): no linear read of the stream into the logits (models/readout.py). Review 16d A4.
+    post_ln: bool = False
+    # The token embedding's width where it is projected into the stream (OPT-350m's word_embed_proj_dim:
+    # project_in [d_embed -> d_model], project_out back before the unembedding); None where it is d_model.
+    d_embed: int | None = None
 
     @property
     def attention_layout(self) -> str:
@@ -128,7 +135,7 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         n_kv_heads=int(n_kv),
         d_model=int(cfg.d_model),
         d_head=int(mla["d_head_v"]) if mla else int(cfg.d_head),
-        d_mlp=int(cfg.d_mlp),
+        d_mlp=_mlp_width(bridge, int(cfg.d_mlp)),
         d_vocab=int(cfg.d_vocab),
         n_ctx=int(cfg.n_ctx),
         gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
@@ -139,6 +146,8 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         attention_scale=_attention_multiplier(bridge),
         mla=mla,
         fixed_context=config_names_context(getattr(getattr(bridge, "original_model", None), "config", None)),
+        post_ln=any(is_post_ln_block(b) for b in getattr(bridge, "blocks", None) or []),
+        d_embed=_projected_embedding(bridge, int(cfg.d_model)),
     )
 
 
@@ -155,6 +164,30 @@ def config_names_context(config: Any) -> bool:
         return True
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return any(getattr(c, f, None) is not None for c in (config, text) for f in CONTEXT_FIELDS)
+
+
+def _mlp_width(bridge: Any, configured: int) -> int:
+    """d_mlp read from the MLPs' own output weights W_out [d_mlp, d_model] where every block has one and they agree
+    (TransformerLens's bridge config gives OPT 4 x d_model whatever its ffn_dim: review 16d A5), else the config's."""
+    widths = set()
+    for block in getattr(bridge, "blocks", None) or []:
+        try:
+            w_out = block.mlp.W_out
+        except Exception:  # noqa: BLE001 - mixtures of experts and MLPs without one: the config's width
+            return configured
+        if not isinstance(w_out, torch.Tensor) or w_out.ndim != 2:
+            return configured
+        widths.add(int(w_out.shape[0]))
+    return widths.pop() if len(widths) == 1 else configured
+
+
+def _projected_embedding(bridge: Any, d_model: int) -> int | None:
+    """The token embedding's width where project_in maps it into the stream (OPT-350m: 512 -> 1024), else None."""
+    proj = getattr(bridge, "project_in", None)
+    weight = getattr(proj, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 2 or int(weight.shape[1]) == d_model:
+        return None
+    return int(weight.shape[1])
 
 
 def mla_layout(bridge: Any) -> dict[str, int | None] | None:
@@ -464,10 +497,12 @@ class HookedModel(TLHabits):
         This model's own W_U: headscope's bridge is unprocessed, so the final norm's weight is not
         folded in here; `Activations.apply_ln_to_stack` (and `logit_attrs`) apply it to the stack
         instead, so `apply_ln_to_stack(stack) @ directions` gives TransformerLens's folded numbers.
+        Where the model projects the final stream before its unembedding (OPT-350m's project_out P), the
+        direction is P^T W_U[:, tokens], d_model wide, so it dots with the stream the model unembeds.
         Times `facts.logit_scale` where the model scales its logits (Granite's 1 / logits_scaling), so
         the product is the model's own logit: "the vector we dot with to get the logit".
         """
-        w_u = self.bridge.W_U  # [d_model, d_vocab]
+        w_u = unembed_weight(self)  # [d_model, d_vocab]: P^T W_U through OPT's project_out (review 16d A4)
         scale = self.facts.logit_scale  # Granite's 1 / logits_scaling: the direction gives the model's own logit
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)  # one line naming the pieces when it is several

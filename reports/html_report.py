@@ -321,6 +321,20 @@ def _top_heads_html(out: Path) -> str:
             f"<figcaption><b>top_attention</b>: {escape(caption('top_attention'))}</figcaption></figure>")
 
 
+def readout_clause(model: dict) -> str:
+    """', post-LN blocks (...)' and ', token embeddings 64 wide, ...' from the manifest's facts (post_ln, d_embed); ''
+    on other models. Both decide what the lens, DLA, gradient x input and a layer's probe read (review 16d B3)."""
+    out = ""
+    if model.get("post_ln"):
+        out += (", post-LN blocks (each block's LayerNorms normalise the whole residual stream after its adds; "
+                "no final norm)")
+    if isinstance(model.get("d_embed"), int):
+        d, e = model.get("d_model", "?"), model["d_embed"]
+        out += (f", token embeddings {e} wide, projected into the {d}-wide stream (project_in) and back to {e} "
+                f"before the unembedding (project_out)")
+    return out
+
+
 def _kv_clause(model: Mapping[str, Any]) -> str:
     """' (1 KV head: multi-query attention)' / ' (2 KV heads: grouped-query attention)' where the model has fewer KV
     heads than query heads (review 9b C2: k/v patching and the kv section count KV heads), else ''."""
@@ -393,6 +407,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         from headscope.models.hooked_model import mla_words
 
         facts += ", " + mla_words(model["mla"])
+    facts += readout_clause(model)  # review 16d B3: post-LN blocks, a projected embedding
     experts = layout_clause(model.get("experts_per_layer"), model.get("n_layers"), model.get("d_mlp"))
     if experts:  # review 11c A3: which blocks are mixtures of experts, and the dense ones among them
         facts += f", {experts}"

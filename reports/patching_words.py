@@ -443,6 +443,8 @@ def _path_words(p: Any, gap: float | None, metric: str, normalized: bool) -> str
     are all named with their signs; what a share's sign means in the run's direction is said."""
     if not isinstance(p, Mapping):
         return ""
+    if isinstance(p.get("not_run"), str):  # review 16d A2: post-LN blocks, the reason in one line
+        return f"{p['not_run'][0].upper()}{p['not_run'][1:]}; it was not run."
     paths = [r for r in p.get("top_paths") or [] if isinstance(r, Mapping) and _num(r.get("effect")) is not None
              and isinstance(r.get("sender"), (list, tuple)) and len(r["sender"]) == 2]
     if not paths:

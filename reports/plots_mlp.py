@@ -334,6 +334,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
 
 POST_NORM = ("Value vectors taken through the post-MLP norm's gain (the norm's shared scale is left out: it does not "
              "change rankings).")  # post-norm blocks (Gemma 2/3, OLMo 2): the summary's values_through_post_norm
+POST_LN = ("The blocks are post-LN: value vectors are taken through their own block's LayerNorm (centred, times its "
+           "gain; its shared scale left out), not through the later blocks' LayerNorms that the write also passes on "
+           "its way to the logits.")  # review 16d A5: the summary's values_through_post_ln (OPT)
 
 
 def _measured_only(s: Mapping[str, Any]) -> str:
@@ -350,7 +353,8 @@ def _measured_only(s: Mapping[str, Any]) -> str:
             + (f" in {layers} layers" if layers else "") + f" over {s.get('n_prefixes', '?')} prefixes against a "
             "shuffled control, and which tokens the largest task updates promote"
             + (f" ({updates:.0f} updates)" if updates else "") + "; no layer is ranked at chance."
-            + (" " + POST_NORM if s.get("values_through_post_norm") else ""))
+            + (" " + POST_NORM if s.get("values_through_post_norm") else "")
+            + (" " + POST_LN if s.get("values_through_post_ln") else ""))
 
 
 ALPHA = chance.ALPHA  # an alias for importers; the finding reads chance.ALPHA at each call, as control_verdicts does
@@ -579,6 +583,8 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(named)
     if s.get("values_through_post_norm"):
         parts.append(POST_NORM)
+    if s.get("values_through_post_ln"):
+        parts.append(POST_LN)
     return " ".join(parts)
 
 

@@ -253,8 +253,14 @@ def correction_words(s: Mapping[str, Any]) -> str:
     alpha, level = _num(entry.get("alpha")) or 0.05, _num(entry.get("ci_level"))  # the family's alpha; the corrected level
     if m is None or p is None or raw is None:
         return ""
-    if entry.get("at_chance"):  # the opening sentence gives the corrected interval
-        verdict, span = "at chance" + (", narrowly (corrected p under twice the threshold)" if p < 2 * alpha else ""), ""
+    if entry.get("below_chance"):  # review 16d B1: significantly below chance is not "at chance, narrowly"
+        verdict, span = (f"below chance (corrected p under alpha {alpha:g}): the probe scores systematically worse than "
+                         "always guessing the majority class, which learning the property cannot cause; it points to "
+                         "the split or the fit (held-out classes rare in the training folds, or a probe fitting noise), "
+                         "not to information in the layer"), ""
+    elif entry.get("at_chance"):  # the opening sentence gives the corrected interval
+        narrowly = alpha <= p < 2 * alpha
+        verdict, span = "at chance" + (", narrowly (corrected p under twice the threshold)" if narrowly else ""), ""
     else:
         verdict = "above chance" + (f", marginally (corrected p between {alpha / 5:g} and {alpha:g})"
                                     if p >= alpha / 5 else "")

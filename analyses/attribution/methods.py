@@ -106,6 +106,9 @@ def gradient_input(model) -> str:
     module = ("the embedding module's output" + (f", which includes its x {inside:.4g} scale" if inside != 1.0 else "")
               + (f", times the model's embedding multiplier {after:.4g}: what enters the residual stream"
                  if after != 1.0 else ""))
+    d_embed = getattr(model.facts, "d_embed", None)
+    if d_embed:  # review 16d B3: OPT-350m's word embeddings are narrower than the stream (project_in)
+        module += f", {d_embed} wide, before project_in maps it into the {model.facts.d_model}-wide residual stream"
     if model.facts.positional == "standard":  # learned absolute positions (GPT-2): added after hook_embed
         return f"each token's embedding ({module}, before the position embedding is added)"
     return f"each token's embedding ({module}; positions enter inside attention)"

@@ -71,6 +71,7 @@ from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, HeadscopeWarning, TaskError, UnsupportedModelError
 from headscope.hooks import available_sites, run_with_cache
+from headscope.models.readout import refuse_readout
 
 LENS_POSITIONS = ("all", "answer")
 NORM_CONVENTION = (
@@ -84,8 +85,10 @@ NORM_CONVENTION = (
 _CHUNK_BYTES = 256 * 2**20  # a pass's output logits and captured states held at once
 
 
+READOUT = "the logit lens and direct logit attribution"  # what post-LN blocks rule out (review 16d A4)
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
-NEEDS = Needs(answers=True, decoder=True, what="reads next-token logits (logit lens, direct logit attribution)")
+NEEDS = Needs(answers=True, decoder=True, what="reads next-token logits (logit lens, direct logit attribution)",
+              linear_readout=READOUT)
 # why edges stay off on MLA, in the finding's words ("... were not run: <this>")
 MLA_EDGES = ("the model uses multi-head latent attention, whose heads' keys and values all come from one shared latent, "
              "so the edge graph's per-head k/v receivers do not exist; the logit lens and DLA above are unaffected.")
@@ -162,8 +165,10 @@ def default_task(model, task=None, config: CircuitsConfig | None = None) -> Task
 
 
 def _refuse_encoder(model) -> None:
+    """Encoders and post-LN blocks (review 16d A4: one line, before any work)."""
     if model.facts.is_encoder:
         raise ConfigError(f"the logit lens and DLA read next-token logits; {model.facts.name} is an encoder.")
+    refuse_readout(model, READOUT)
 
 
 def _check(model, task: Task) -> None:
@@ -516,6 +521,7 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     if model.facts.is_encoder:
         reason = f"{model.facts.name} is an encoder: the logit lens and DLA read next-token logits."
         return Result(name="circuits", df=pd.DataFrame(), summary={"skipped": reason}, config=asdict(config))
+    refuse_readout(model, READOUT)
     task = default_task(model, task, config)
     lens, dla, logits, err, direction, experts = _collect(model, task, config, lens=True, dla=True)
     mean = dla_mean(dla)

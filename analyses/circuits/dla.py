@@ -49,6 +49,7 @@ import torch
 from headscope.analyses.circuits.lens import final_softcap, unembed
 from headscope.execution.block_shape import post_attention_norm, post_mlp_norm
 from headscope.hooks import head_result, site
+from headscope.models.readout import unembed_weight
 
 KINDS = ("embed", "pos_embed", "head", "attn_bias", "mlp", "remainder", "ln_final_bias", "unembed_bias")
 
@@ -84,7 +85,7 @@ def final_norm(model) -> tuple[str | None, torch.Tensor | None, torch.Tensor | N
 
 def unembed_directions(model, answers: torch.Tensor, wrong: torch.Tensor | None = None) -> torch.Tensor:
     """[batch, d_model]: (W_U[:, answer] (- W_U[:, wrong])) x facts.logit_scale (Granite's 1 / logits_scaling)."""
-    w_u = model.bridge.W_U.detach()  # [d_model, vocab]
+    w_u = unembed_weight(model).detach()  # [d_model, vocab]: P^T W_U through project_out (OPT-350m's)
     d = w_u[:, answers.to(w_u.device)].T
     d = d if wrong is None else d - w_u[:, wrong.to(w_u.device)].T
     scale = model.facts.logit_scale

@@ -20,6 +20,7 @@ import torch
 
 from headscope.errors import ConfigError
 from headscope.hooks import site
+from headscope.models.readout import unembed_bias, unembed_weight
 
 TARGETS = ("next", "answer")  # lens target at position p: the token after p (the answer at the end), or the answer
 
@@ -36,11 +37,11 @@ def lens_labels(n_layers: int) -> list[str]:
 
 def unembed(model, states: torch.Tensor) -> torch.Tensor:
     """[..., d_model] (already through the final norm) -> [..., d_vocab] logits before any soft-cap:
-    (x @ W_U + b_U) x facts.logit_scale (Granite's 1 / logits_scaling, which the bridge's W_U omits)."""
-    bridge = model.bridge
-    w_u = bridge.W_U
+    (x @ P^T W_U + b_U) x facts.logit_scale (P: OPT-350m's project_out, where the model has one; the scale:
+    Granite's 1 / logits_scaling, which the bridge's W_U omits)."""
+    w_u = unembed_weight(model)  # [d_model, d_vocab]: through OPT-350m's project_out
     out = states.to(device=w_u.device, dtype=w_u.dtype) @ w_u  # [..., d_vocab]
-    b_u = getattr(bridge, "b_U", None)
+    b_u = unembed_bias(model)
     out = out if b_u is None else out + b_u
     scale = model.facts.logit_scale
     return out if scale == 1.0 else out * scale

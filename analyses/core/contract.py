@@ -23,6 +23,7 @@ import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, no_pairs_reason, zoo
 from headscope.errors import HeadscopeWarning, InputTypeError, TaskError, UnsupportedModelError
+from headscope.models.readout import readout_reason
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,9 @@ class Needs:
     what: what it does, for messages ("measures next-token answers");
     attention_edits: it works by editing attention scores (kv eviction): skipped where TransformerLens discards such
       edits (hooks/edits.py, review 16d A1).
+    linear_readout: what of it reads the residual stream linearly into the logits ("the logit lens and direct logit
+      attribution"), so it cannot run on post-LN blocks nor without a hooked final norm (models.readout: skipped,
+      one line); "" where nothing does.
     """
 
     answers: bool = True
@@ -74,6 +78,7 @@ class Needs:
     continuation: bool = False
     what: str = ""
     attention_edits: bool = False
+    linear_readout: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +124,9 @@ def model_reasons(needs: Needs, model: Any, task: Any = None, config: Any = None
 
         if discarded := edits_discarded(model, "scores"):
             return [f"{discarded}, so this analysis, which {needs.what} by masking attention scores, would change nothing"]
+    gap = readout_reason(model, needs.linear_readout) if needs.linear_readout else None
+    if gap:  # review 16d A4: OPT's post-LN blocks (or a final norm the bridge does not hook), before any work
+        return [gap]
     reasons = _default_data_reasons(needs, model)
     if reasons and task is not None and takes_own_records(needs, task) and not task_reasons(needs, task, model, config):
         return []

@@ -48,6 +48,7 @@ from headscope.analyses.core.tasks import Task
 from headscope.analyses.mlp.topk_stream import StreamingTopK
 from headscope.errors import ConfigError
 from headscope.execution import batching, block_shape
+from headscope.models.readout import unembed_weight
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=True, decoder=True, what="reads MLP values through the unembedding as next tokens")
@@ -170,7 +171,9 @@ def written_values(model, layer: int, *, apply_final_norm: bool = False, neurons
     """The value vectors as they reach the unembedding, [n_neurons, d_model] (all neurons by default):
     v_i times the block's residual-write scale (Granite's residual_multiplier, facts.residual_scale)
     and the post-MLP norm's gain on post-norm blocks (the norm's shared scale left out: positive
-    and the same for every neuron of a token), then with apply_final_norm the final norm's gain (centred
+    and the same for every neuron of a token; on post-LN OPT blocks the block's ln2, which normalises
+    the whole stream after the add, centred and times its gain, the same scale left out), then with
+    apply_final_norm the final norm's gain (centred
     first under LayerNorm). See the module doc."""
     values = hooks.mlp_memories(model, layer).values  # [d_mlp, d_model]
     if neurons is not None:
@@ -181,6 +184,9 @@ def written_values(model, layer: int, *, apply_final_norm: bool = False, neurons
     gain = post_norm_gain(model, layer)
     if gain is not None:
         values = values * gain.to(values)
+    if getattr(model.facts, "post_ln", False):  # OPT post-LN: the block's ln2 normalises the stream the MLP adds to
+        gain, centres = block_shape.norm_gain(block_shape.raw(model.bridge.blocks[layer].ln2))
+        values = (values - values.mean(-1, keepdim=True) if centres else values) * gain.to(values)
     ln = getattr(model.bridge, "ln_final", None)
     if apply_final_norm and ln is not None:
         gain, centres = block_shape.norm_gain(block_shape.raw(ln))
@@ -192,8 +198,11 @@ def written_values(model, layer: int, *, apply_final_norm: bool = False, neurons
 
 def value_logits(model, layer: int, *, apply_final_norm: bool = False, neurons: torch.Tensor | None = None) -> torch.Tensor:
     """E v_i for the given neurons (all by default): [n_neurons, d_vocab], v_i as written (written_values),
-    E the unembedding times the model's logit scale (facts.logit_scale: Granite's 1 / logits_scaling)."""
-    out = written_values(model, layer, apply_final_norm=apply_final_norm, neurons=neurons) @ model.bridge.W_U.detach()
+    E the unembedding (P^T W_U where project_out P maps the stream first, OPT-350m) times the model's logit
+    scale (facts.logit_scale: Granite's 1 / logits_scaling)."""
+    w_u = unembed_weight(model).detach()  # [d_model, d_vocab]: P^T W_U through OPT-350m's project_out (review 16d A5)
+    written = written_values(model, layer, apply_final_norm=apply_final_norm, neurons=neurons)  # [n_neurons, d_model]
+    out = written @ w_u.to(written.device)
     scale = model.facts.logit_scale
     return out if scale == 1.0 else out * scale
 
@@ -503,6 +512,8 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         # post-norm blocks (Gemma 2/3, OLMo 2): value vectors taken through the post-MLP norm's gain
         "values_through_post_norm": any(block_shape.post_mlp_norm(model.bridge.blocks[layer]) is not None
                                         for layer in layers),
+        # post-LN blocks (OPT, do_layer_norm_before=False): through their own block's LayerNorm (review 16d A5)
+        "values_through_post_ln": bool(getattr(model.facts, "post_ln", False)),
         "gated_mlp": model.facts.gated_mlp,
         # the three neurons with the largest mean update at the answer, with their expert and its routing (the finding
         # names them with n_routed in words: a mean over examples counts the zeros of those not routed to the expert)

@@ -422,8 +422,9 @@ def run(model, task: Task | str | None = None, config: PatchingConfig | None = N
     summary["sites_absent"] (resid_mid on parallel blocks), as the finding says (activation_patching, asked
     for one, raises SiteError). Encoders raise UnsupportedModelError (NEEDS: the metrics read next-token answers)."""
     from headscope.analyses.patching.causal_tracing import causal_tracing
-    from headscope.analyses.patching.path_patching import path_patching
+    from headscope.analyses.patching.path_patching import PATHS, PATHS_WHY, path_patching
     from headscope.hooks.sites import available_sites
+    from headscope.models.readout import post_ln_reason
 
     config = config or PatchingConfig.preset()
     require(NEEDS, model, "patching")  # encoders: UnsupportedModelError (the report skips them beforehand)
@@ -439,7 +440,10 @@ def run(model, task: Task | str | None = None, config: PatchingConfig | None = N
     summary, tables = dict(result.summary), dict(result.tables)
     if left:
         summary["sites_absent"] = left
-    if config.path_patching:
+    refused = post_ln_reason(model, PATHS, PATHS_WHY) if config.path_patching else None
+    if refused:  # review 16d A2: post-LN OPT, one line in the finding instead of a wrong head
+        summary["path_patching"] = {"not_run": refused}
+    elif config.path_patching:
         paths = path_patching(model, task, receivers="logits", direction="denoise", seed=config.seed,
                               progress=config.progress)
         summary["path_patching"] = paths.summary

@@ -11,6 +11,8 @@ but lets only chosen receivers see the change:
   hook_q (hook_k / hook_v). Under grouped-query attention a k/v receiver is a KV head.
 - receivers = "logits": delta is added to the final residual (last hook_resid_post) only, the
   sender's direct effect on the logits.
+- post-LN blocks (OPT with do_layer_norm_before=False) are refused in one line (models.readout): there
+  every write passes its own block's LayerNorms and all later ones, which adding delta skips.
 - post-norm blocks (Gemma 2/3, OLMo 2: execution.block_shape's ln1_post): the sender's write
   reaches the residual only through the norm of the layer's whole attention output, so delta is
   that norm's change, N(o_base + dr_h) - N(o_base), with o_base the base run's whole attention
@@ -56,8 +58,12 @@ from headscope.execution.block_shape import post_attention_norm
 from headscope.hooks.cache import head_result
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
+from headscope.models.readout import refuse_post_ln
 
 COMPONENTS = ("q", "k", "v")
+PATHS = "path patching"  # review 16d A2: why it cannot run on post-LN blocks, after models.readout.POST_LN
+PATHS_WHY = (", and it would add a head's write to the final stream or a receiver's input past the LayerNorms every "
+             "write passes through there, so its effects would not be the model's direct paths")
 Head = tuple[int, int]
 
 
@@ -119,6 +125,7 @@ def path_patching(
     corrupted_metric (with their CIs and metric_n), and gap_within_noise where the gap is (chance.gap_within_noise).
     """
     cfg = configure(PathPatchingConfig, config, config_overrides, name="path_patching", positional="receivers")
+    refuse_post_ln(model, PATHS, PATHS_WHY)  # review 16d A2: a delta added after the blocks' own norms names the wrong head
     check_direction(cfg.direction)
     if not isinstance(task, Task):
         from headscope.analyses.patching.analysis import default_task
