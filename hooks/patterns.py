@@ -16,7 +16,11 @@ fused kernel's rounding of earlier layers moves later layers' q and k, so `atten
 `reduce_patterns` equal Hugging Face eager's bfloat16 pattern at layer 0 only: later layers are a few
 bfloat16 steps off it (review 15b verify C1, a 3-layer GPT-J: 0.0078 and 0.0156 at layers 1-2, up to 0.025
 on other prompts), as far from the float32 pattern as Hugging Face's own bfloat16 one is (tests/analyses/
-test_gptj.py holds them within 1.5 times that gap). `capture` / `run_with_cache` give the model's own.
+test_gptj.py holds them within 1.5 times that gap). `capture` / `run_with_cache` give the bridge's pattern, which in
+half precision runs the model's own LayerNorms (models/loading.py, review 16c A3: its Python norm was a bfloat16 step
+off, 0.031 at BLOOM's layer 2 on padded rows); then BLOOM's and GPT-2's equal Hugging Face eager bfloat16 exactly on a
+padded batch, but the bridge's own attention recomputation can still round one step apart (GPT-NeoX, a 2-layer test
+model: 6e-5 at layer 1 on 1 of 8 padded rows, its residual stream and logits exact).
 """
 from __future__ import annotations
 

@@ -224,6 +224,7 @@ def load_model(
         raise
     _route_renamed_cache_kwarg(bridge)
     _rotary_back_to_compute_dtype(bridge)
+    _native_norms_in_half_precision(bridge)
     if tokenizer is None:
         tokenizer = bridge.tokenizer
     if check_tokenizer:
@@ -232,6 +233,22 @@ def load_model(
     _mla_z_heads(bridge, facts)
     log.info("loaded %s from %s", name, location)
     return HookedModel(bridge, tokenizer, facts, source=location, prepend_bos=prepend_bos)
+
+
+def _native_norms_in_half_precision(bridge: Any) -> None:
+    """Review 16c A3: in half precision the bridge's LayerNorms recompute the norm in Python (mean, sqrt, divide in
+    float32, then rounded), one bfloat16 step off the model's own LayerNorm on some positions, which moved later
+    layers' patterns and logits under capture / run_with_cache (0.031 at BLOOM's layer 2). Their native path runs the
+    model's own LayerNorm while the hooks only observe (hook_scale still fires; an edit or a backward hook there
+    falls back to the Python norm, with the bridge's warning). Float32 keeps the Python norm (equal to rounding)."""
+    from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
+
+    dtype = next((p.dtype for p in bridge.parameters()), torch.float32)
+    if dtype not in (torch.bfloat16, torch.float16):
+        return
+    for module in bridge.modules():
+        if isinstance(module, NormalizationBridge):
+            module.use_native_layernorm_autograd = True
 
 
 def _mla_z_heads(bridge: Any, facts: Any) -> None:

@@ -18,6 +18,7 @@ from headscope.reports.patching_sites import (
     differ_offsets,
     end_words,
     share,
+    share_span,
     split_token,
 )
 
@@ -112,7 +113,7 @@ def _aligned_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str |
         ci = ci_pair(r.get("ci"))
         bits = []
         if ci:
-            lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else sorted(ci)
+            lo, hi = share_span(r, gap) if gap else sorted(ci)
             bits.append(f"95% CI [{_fine(lo)}, {_fine(hi)}]")
         bits += _n_and_effect(r, total, first and gap, metric)
         unit = " of the clean-corrupted gap" if first and gap else ""

@@ -28,8 +28,18 @@ def share(cell: Mapping[str, Any], gap: float | None, normalized: bool) -> tuple
     effect = _num(cell.get("effect"))
     if divisor is None or effect is None:
         return None
+    return effect / divisor, share_span(cell, divisor)
+
+
+def share_span(cell: Mapping[str, Any], gap: float) -> tuple[float, float] | None:
+    """A cell's 95% interval in shares of the gap: its share_ci where the analysis recorded one (the ratio of means'
+    own interval; review 16c B5: ci / gap tracked how the prompts' gaps differ, [0.26, 1.74] for a share of exactly
+    1 on every prompt), else its ci over the gap (a normalised metric's ci is the share's; older summaries)."""
+    own = ci_pair(cell.get("share_ci"))
+    if own and gap:
+        return tuple(sorted(own))
     ci = ci_pair(cell.get("ci"))
-    return effect / divisor, tuple(sorted((ci[0] / divisor, ci[1] / divisor))) if ci else None
+    return tuple(sorted((ci[0] / gap, ci[1] / gap))) if ci and gap else None
 
 
 def depth(kind: str, cell: Mapping[str, Any]) -> float:
@@ -198,14 +208,15 @@ def _head(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None
 
 def _effect_ci(cell: Mapping[str, Any], gap: float | None, floor: float | None = None, unit: str = "") -> str:
     """', 95% CI [lo, hi] over n examples' of a top site's effect (its recorded t interval over the
-    per-example effects, divided by the gap when the finding states a share of it); '' without one.
+    per-example effects; where the finding states a share of the gap, the share's own interval: share_span); ''
+    without one.
     floor (the summary's rounding floor, in the effect's raw units `unit`): an interval that excludes 0 only by
     an end within the floor of 0 is said to reach 0 within rounding (review 14c B3: [+0.025, +10.6] logits under
     a floor of 0.07 read "[0.00, 0.60]", as clear of 0)."""
     ci, n = ci_pair(cell.get("ci")), _num(cell.get("n"))
     if ci is None:
         return f", n = {n:.0f} examples" if n else ""
-    lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else (ci[0], ci[1])
+    lo, hi = share_span(cell, gap) if gap else (ci[0], ci[1])
     said = f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
     near = min(ci, key=abs)  # the raw end nearest 0
     if floor and min(ci) * max(ci) > 0 and abs(near) < floor:

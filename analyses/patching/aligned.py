@@ -15,7 +15,8 @@ prompts} of every position where a clean prompt differs from its corrupted one, 
 "n", "of"}} (the clean token most prompts have in each end-aligned column a top site sits in, on how many, of those
 reaching it: at most one entry per top-site cell, whatever the prompts' length),
 "sites": {site type: [{"layer", "effect" (mean per-example effect, the exact table's units), "ci" (95% t interval, None
-under two rows), "n", "end_aligned" (the layer's end-aligned cell of largest |effect|, its effect
+under two rows), "n", "share_ci" (a raw metric with a gap: its share's interval, inputs.share_intervals),
+ "end_aligned" (the layer's end-aligned cell of largest |effect|, its effect
 and from_end)}]}} and the table `corrupted_token` (site_type, layer, effect, ci_low, ci_high, n_rows,
 share_of_gap).
 """
@@ -27,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headscope.analyses.patching.inputs import PatchMetric, cell_means, effect_intervals
+from headscope.analyses.patching.inputs import PatchMetric, cell_means, effect_intervals, share_intervals
 
 
 def first_difference(clean: torch.Tensor, corrupted: torch.Tensor) -> torch.Tensor:
@@ -95,9 +96,10 @@ def column_tokens(model, tokens: torch.Tensor, mask: torch.Tensor | None = None,
 
 def at_corrupted_token(pm: PatchMetric, name: str, cells: list, values: torch.Tensor, base: torch.Tensor,
                        clean: torch.Tensor, corrupt: torch.Tensor, first: torch.Tensor,
-                       frame: pd.DataFrame) -> list[dict]:
+                       frame: pd.DataFrame, share: bool = False) -> list[dict]:
     """Per layer of one (layer, pos) site type: the effect at each row's corrupted token (first [batch]),
-    from the sweep's per-row values [cell, batch] (NaN where padding); frame: the type's exact rows."""
+    from the sweep's per-row values [cell, batch] (NaN where padding); frame: the type's exact rows.
+    share: each record also carries share_ci, its share of the run's gap's interval (inputs.share_intervals)."""
     index = {(layer, pos): i for i, (layer, _, pos) in enumerate(cells)}
     layers = sorted({layer for layer, _, _ in cells})
     rows = torch.arange(values.shape[1])
@@ -108,6 +110,7 @@ def at_corrupted_token(pm: PatchMetric, name: str, cells: list, values: torch.Te
                 aligned[k, r] = values[index[layer, p], r]
     means = cell_means(pm, aligned, base, clean, corrupt)
     ci = effect_intervals(pm, aligned, base, clean, corrupt)
+    shares = share_intervals(aligned, base, clean, corrupt, whole_gap=True) if share else None
     out = []
     for k, layer in enumerate(layers):
         mine = frame[frame["layer"] == layer]
@@ -118,10 +121,16 @@ def at_corrupted_token(pm: PatchMetric, name: str, cells: list, values: torch.Te
             "effect": float(means["effect"][k]),
             "ci": [low, high] if np.isfinite(low) and np.isfinite(high) else None,
             "n": int(ci["n"][k]),
+            **({} if shares is None else {"share_ci": _pair(shares["low"][k], shares["high"][k])}),
             "end_aligned": None if top is None else {"effect": float(top["effect"]),
                                                      "from_end": int(top["position_from_end"])},
         })
     return out
+
+
+def _pair(low: float, high: float) -> list[float] | None:
+    low, high = float(low), float(high)
+    return [low, high] if np.isfinite(low) and np.isfinite(high) else None
 
 
 def offsets(first: torch.Tensor, n_pos: int) -> dict[str, int]:

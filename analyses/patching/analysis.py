@@ -28,7 +28,8 @@ means over those rows only, so value minus the summary's baseline (every row) is
 direction, clean_metric, corrupted_metric (with clean_metric_ci, corrupted_metric_ci: 95% t intervals over the
 metric_n prompts, unnormalised metrics only), baseline, n_heads and n_kv_heads (per layer), metric_at_last_position
 (the metric reads each prompt's last token, the answer position), top_sites (10 per site type by |effect|, each with the 95%
-t interval of its mean per-example effect, ci, over its n rows: top_sites_ci_method),
+t interval of its mean per-example effect, ci, over its n rows, and for a raw metric with a gap share_ci, the interval
+of its share of the gap, a ratio of means by the delta method: top_sites_ci_method),
 attribution_correlation (Pearson and Spearman per site type, and the least-squares slope of
 attribution on exact with its 95% t interval over the cells, slope / slope_ci / slope_n; Spearman over the
 non-zero cells, the top exact cell's rank by attribution and a large exact effect it misses: rank_checks,
@@ -78,6 +79,7 @@ from headscope.analyses.patching.inputs import (
     paired_rows,
     position_from_end,
     resolve_metric,
+    share_intervals,
     task_padding,
     token_labels,
     token_notes,
@@ -234,6 +236,9 @@ def activation_patching(
         cells, values = sweeps[st.name]
         means = cell_means(pm, values, base_values, clean_rows, corrupt_rows)
         intervals[st.name] = effect_intervals(pm, values, base_values, clean_rows, corrupt_rows)  # the sweep's rows
+        if gap and not pm.normalized:  # review 16c B5: the share's own interval (a ratio of means), not ci / gap
+            shares = share_intervals(values, base_values, clean_rows, corrupt_rows, whole_gap=True)
+            intervals[st.name].update(share_low=shares["low"], share_high=shares["high"])
         frame = cell_frame(st, cells, labels, value=means["value"].numpy(), effect=means["effect"].numpy(),
                            base=means["base"].numpy())
         frame.insert(frame.columns.get_loc("token"), "position_from_end",
@@ -243,7 +248,8 @@ def activation_patching(
         if st.by_pos and not st.by_head:
             for k, at in enumerate(nth):  # review 12b A2: each differing position aligned over every prompt
                 by_order[k][st.name] = aligned.at_corrupted_token(pm, st.name, cells, values, base_values, clean_rows,
-                                                                  corrupt_rows, at, frame)
+                                                                  corrupt_rows, at, frame,
+                                                                  share=bool(gap) and not pm.normalized)
             on_token[st.name] = by_order[0][st.name]
     df = pd.concat(frames, ignore_index=True)
     notes = token_notes(shown, shown_bad, shown_mask)  # [pos]: why a token label is blank (review 14b C5)
@@ -373,9 +379,17 @@ def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect",
 
 
 def _interval(arrays: dict[str, np.ndarray], cell: int) -> dict:
-    """{"ci": [low, high] or None, "n": rows} of one cell of effect_intervals' arrays."""
-    low, high = float(arrays["low"][cell]), float(arrays["high"][cell])
-    return {"ci": [low, high] if np.isfinite(low) and np.isfinite(high) else None, "n": int(arrays["n"][cell])}
+    """{"ci": [low, high] or None, "n": rows} of one cell of effect_intervals' arrays, and "share_ci" (the share of
+    the gap's interval, share_intervals') where the arrays carry share_low / share_high (a raw metric with a gap)."""
+    out = {"ci": _pair(arrays["low"][cell], arrays["high"][cell]), "n": int(arrays["n"][cell])}
+    if "share_low" in arrays:
+        out["share_ci"] = _pair(arrays["share_low"][cell], arrays["share_high"][cell])
+    return out
+
+
+def _pair(low: float, high: float) -> list[float] | None:
+    low, high = float(low), float(high)
+    return [low, high] if np.isfinite(low) and np.isfinite(high) else None
 
 
 FULL_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head_out", "head_out_by_pos",

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from headscope.analyses.core import metrics as M
-from headscope.analyses.core.chance import mean_intervals
+from headscope.analyses.core.chance import mean_intervals, t_half_width
 from headscope.analyses.core.metrics import Metric
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching.engine import padding_mask
@@ -217,8 +217,10 @@ def position_from_end(n_pos: int, positions) -> list[int | None]:
 
 
 EFFECT_CI_METHOD = ("95% Student-t interval of the mean per-example effect (patched minus unpatched metric of each "
-                    "row where the cell is real) over those n rows; normalised metrics divide each row's effect by "
-                    "the rows' mean clean-corrupted gap, held fixed")
+                    "row where the cell is real) over those n rows; a share of the clean-corrupted gap (a normalised "
+                    "metric's effect, and share_ci beside a raw one) is a ratio of means, sum of effects over sum of "
+                    "gaps: its interval is the delta method's with their covariance (t quantile, n - 1 df), so a cell "
+                    "that restores the same share of every prompt's gap has a zero-width one")
 
 
 def effect_intervals(pm: PatchMetric, values: torch.Tensor, base: torch.Tensor, clean: torch.Tensor,
@@ -226,14 +228,46 @@ def effect_intervals(pm: PatchMetric, values: torch.Tensor, base: torch.Tensor, 
     """Per cell (values [cell, batch], NaN where padding; base, clean, corrupt [batch]) the Student-t
     interval of the mean per-example effect values - base over the rows where the cell is real: its
     mean equals cell_means' effect. A normalised metric's effect is a ratio of means, (mean v - mean
-    base) / (mean clean - mean corrupt); each row's difference is divided by that mean gap, taken as
-    fixed (it is the same for every cell), so the interval is the raw one over the gap.
+    base) / (mean clean - mean corrupt) over those rows: its interval is share_intervals' (review 16c B5:
+    dividing by the mean gap as if fixed made the interval track how the prompts' gaps differ).
     Returns {"low", "high"} float64 [cell] (NaN under two rows) and "n" int64 [cell]."""
     v = values.double().cpu().numpy()  # [cell, batch]
     real = ~np.isnan(v)  # NaN marks padding; an infinite effect is kept (its interval is not finite)
-    diff = v - base.double().cpu().numpy()[None]  # [cell, batch]
     if pm.normalized:
-        gap = clean.double().cpu().numpy() - corrupt.double().cpu().numpy()  # [batch]
-        diff = diff / (np.where(real, gap[None], 0.0).sum(1) / np.maximum(real.sum(1), 1))[:, None]
-    out = mean_intervals(diff, where=real, alpha=1 - level)
+        out = share_intervals(values, base, clean, corrupt, whole_gap=False, level=level)
+        return {"low": out["low"], "high": out["high"], "n": real.sum(1).astype(np.int64)}
+    out = mean_intervals(v - base.double().cpu().numpy()[None], where=real, alpha=1 - level)
     return {"low": out["low"], "high": out["high"], "n": out["n"]}
+
+
+def share_intervals(values: torch.Tensor, base: torch.Tensor, clean: torch.Tensor, corrupt: torch.Tensor, *,
+                    whole_gap: bool, level: float = 0.95) -> dict[str, np.ndarray]:
+    """Per cell (values [cell, batch], NaN where padding; base, clean, corrupt [batch]) the 95% interval of its share
+    of the gap R = a / b, a = mean of e = values - base over the rows S where the cell is real, b = mean of the gap
+    g = clean - corrupt over S (whole_gap False: a normalised metric, cell_means) or over every row (whole_gap True:
+    a raw metric's share_of_gap divides by the run's gap). Delta method with the covariance of a and b:
+    Var R = (Var a - 2 R Cov(a, b) + R^2 Var b) / b^2, Var a = s_e^2 / n_S, Var b = s_g^2 / n_b, Cov = s_eg / n_b
+    (sample moments over S, s_g over b's rows); where b's rows are S this is the sample variance of e - R g over n_S.
+    R +- t(n_S - 1) * sqrt(Var R). Returns {"share", "low", "high"} float64 [cell] (low, high NaN under two rows)."""
+    v = values.double().cpu().numpy()  # [cell, batch]
+    real = ~np.isnan(v)
+    e = np.where(real, v - base.double().cpu().numpy()[None], 0.0)  # [cell, batch]
+    g_all = clean.double().cpu().numpy() - corrupt.double().cpu().numpy()  # [batch]
+    g = np.where(real, g_all[None], 0.0)  # [cell, batch]
+    n = real.sum(1)  # [cell]
+    count = np.maximum(n, 1)
+    a = e.sum(1) / count  # [cell]
+    b = np.full(len(v), g_all.mean()) if whole_gap else g.sum(1) / count  # [cell]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = a / b  # [cell]
+        dof = np.maximum(n - 1, 1)
+        d = np.where(real, e - ratio[:, None] * g, 0.0)  # [cell, batch]: e - R g
+        same = (n == real.shape[1]) | (not whole_gap)  # [cell]: b's rows are S
+        var_same = (np.where(real, d - d.sum(1, keepdims=True) / count[:, None], 0.0) ** 2).sum(1) / dof / count
+        ce, cg = (np.where(real, x - x.sum(1, keepdims=True) / count[:, None], 0.0) for x in (e, g))
+        n_b = real.shape[1]
+        var_b = ((g_all - g_all.mean()) ** 2).sum() / max(n_b - 1, 1) / n_b
+        var_mixed = (ce ** 2).sum(1) / dof / count - 2 * ratio * (ce * cg).sum(1) / dof / n_b + ratio ** 2 * var_b
+        var = np.where(same, var_same, np.maximum(var_mixed, 0.0)) / b ** 2
+        half = t_half_width(np.sqrt(var) * np.sqrt(count), n, alpha=1 - level)
+    return {"share": ratio, "low": ratio - half, "high": ratio + half}

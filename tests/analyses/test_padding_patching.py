@@ -149,17 +149,19 @@ def test_activation_patching_cells_are_means_of_examples(arch, arch_models, mixe
     assert (labelled["position_from_end"] == labelled["pos"] - n_pos).all()
     short = labelled[labelled["n_rows"] < len(task)]  # padding in some rows: value - base is the effect, not
     assert len(short) and _max_diff(short["value"] - short["base"], short["effect"]) < 1e-9  # value - baseline
-    # #34: each top site's ci is scipy's t interval of its examples' own effects (each example alone), each
-    # over the mean clean - corrupt gap of the examples that have the cell (a small gap magnifies rounding: relative
-    # tolerance); n counts those examples
+    # #34: each top site's ci is the interval of its share, a ratio of means (each example alone): mean effect over
+    # the mean clean - corrupt gap of the examples that have the cell, delta method with their covariance by hand
+    # (review 16c B5; a small gap magnifies rounding: relative tolerance); n counts those examples
     from scipy import stats
 
     for kind in ("resid_pre", "head_out_by_pos"):
         for top in result.summary["top_sites"][kind][:3]:
             rows = raw_ex[(raw_ex.site_type == kind) & (raw_ex.layer == top["layer"]) & (raw_ex.pos == top["pos"])
                           & ((raw_ex["head"] == top["head"]) if top["head"] is not None else True)]
-            x = rows["effect"].to_numpy(float) / (rows["clean"] - rows["corrupt"]).mean()
-            want = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=x.std(ddof=1) / np.sqrt(len(x)))
+            e, g = rows["effect"].to_numpy(float), (rows["clean"] - rows["corrupt"]).to_numpy(float)
+            r = e.mean() / g.mean()
+            half = stats.t.ppf(0.975, len(e) - 1) * (e - r * g).std(ddof=1) / np.sqrt(len(e)) / abs(g.mean())
+            want, x = (r - half, r + half), e
             assert top["n"] == len(x) and top["ci"] == pytest.approx(list(want), rel=1e-4, abs=1e-4), (kind, top)
 
 

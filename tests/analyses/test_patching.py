@@ -208,8 +208,9 @@ def test_normalized_logit_diff_and_summary(tiny_models):
 def test_top_sites_carry_the_t_interval_of_their_per_example_effects(tiny_models):
     """Each top site's ci is scipy's t interval over the examples' own effects, each from a direct
     hooked pass of that example alone (clean resid_pre put into its corrupted run); normalised, the
-    effects are divided by the mean clean-corrupted gap."""
-    model, task = tiny_models["gpt2"], make_task(batch=4, pos=5, seed=9)
+    effects are divided by the mean clean-corrupted gap. A share of the gap (normalised: the effect; raw: share_ci)
+    is a ratio of means: its interval is the delta method's with the covariance, by hand (review 16c B5)."""
+    model, task = tiny_models["gpt2"], clear_gap_task(tiny_models["gpt2"])
     plain = activation_patching(model, task, ["resid_pre"], progress=False).summary
     shares = activation_patching(model, task, ["resid_pre"], metric="normalized_logit_diff", progress=False).summary
     assert "t interval" in plain["top_sites_ci_method"]
@@ -236,11 +237,50 @@ def test_top_sites_carry_the_t_interval_of_their_per_example_effects(tiny_models
                     base = model.bridge(corrupt)
                 effects.append(logit_diff(patched, i) - logit_diff(base, i))
                 gaps.append(logit_diff(clean_logits, i) - logit_diff(base, i))
-            x = np.array(effects) / (np.mean(gaps) if summary["normalized"] else 1.0)
-            ci = scipy_stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=x.std(ddof=1) / np.sqrt(len(x)))
-            assert top["n"] == 4 and top["effect"] == pytest.approx(x.mean(), abs=1e-4)
-            assert top["ci"] == pytest.approx(list(ci), abs=1e-4), (summary["metric"], layer, pos)
-            assert x.std() > 1e-3  # the examples differ, so the interval's width means something
+            e, g = np.array(effects), np.array(gaps)
+            ci = scipy_stats.t.interval(0.95, len(e) - 1, loc=e.mean(), scale=e.std(ddof=1) / np.sqrt(len(e)))
+            share = ratio_interval(e, g)  # the share of the gap, a ratio of means: delta method with the covariance
+            mean = e.mean() / (g.mean() if summary["normalized"] else 1)
+            assert top["n"] == 4 and top["effect"] == pytest.approx(mean, abs=1e-4)
+            if summary["normalized"]:
+                assert top["ci"] == pytest.approx(share, abs=1e-4), (layer, pos)
+                assert "share_ci" not in top
+            else:
+                assert top["ci"] == pytest.approx(list(ci), abs=1e-4), (layer, pos)
+                assert top["share_ci"] == pytest.approx(share, abs=1e-4), (layer, pos)
+                assert abs(share[1] - share[0] - (ci[1] - ci[0]) / g.mean()) > 1e-3  # not the raw interval over the gap
+            assert e.std() > 1e-3  # the examples differ, so the interval's width means something
+
+
+def clear_gap_task(model) -> Task:
+    """make_task(4, 5, seed 9) with the answers its clean prompts favour most over least: a gap clear of noise."""
+    task = make_task(batch=4, pos=5, seed=9)
+    with torch.no_grad():
+        logits = model.bridge(task.tokens)[:, -1]  # [batch, vocab]
+    return dataclasses.replace(task, answers=logits.argmax(-1), wrong_answers=logits.argmin(-1))
+
+
+def ratio_interval(e: np.ndarray, g: np.ndarray) -> list[float]:
+    """By hand: the 95% interval of R = mean e / mean g (both over the same n rows), delta method with the
+    covariance, R +- t(n - 1) sd(e - R g) / (sqrt(n) |mean g|)."""
+    r = e.mean() / g.mean()
+    half = scipy_stats.t.ppf(0.975, len(e) - 1) * (e - r * g).std(ddof=1) / np.sqrt(len(e)) / abs(g.mean())
+    return [r - half, r + half]
+
+
+def test_a_share_of_exactly_one_on_every_prompt_has_a_zero_width_interval(tiny_models):
+    """Review 16c B5: resid_post of the last block at the last position restores each prompt's whole gap (the
+    final norm and unembedding act per position), so its share is 1 on every prompt and its interval [1, 1]; the
+    old interval (the effects' t interval over the mean gap) spread with how the prompts' gaps differ."""
+    model, task = tiny_models["gpt2"], clear_gap_task(tiny_models["gpt2"])
+    last = model.facts.n_layers - 1
+    for metric in ("logit_diff", "normalized_logit_diff"):
+        s = activation_patching(model, task, ["resid_post"], metric=metric, progress=False).summary
+        top = next(c for c in s["top_sites"]["resid_post"] if c["layer"] == last and c["pos"] == 4)
+        ci = top["ci"] if s["normalized"] else top["share_ci"]
+        assert ci == pytest.approx([1.0, 1.0], abs=1e-5), metric
+        if not s["normalized"]:  # the raw effect's own interval is wide: the gaps differ
+            assert "gap_within_noise" not in s and top["ci"][1] - top["ci"][0] > 0.1
 
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,8 @@ def heat(ax) -> np.ndarray:
 
 
 def colorbar_label(ax) -> str:
-    return ax.collections[0].colorbar.ax.get_ylabel()
+    """The colour bar's label, its lines joined (a label taller than its bar is re-wrapped, review 16c C4)."""
+    return " ".join(ax.collections[0].colorbar.ax.get_ylabel().split())
 
 
 def test_every_analysis_draws_figures_and_every_stem_has_a_caption(figures):
@@ -1542,6 +1543,32 @@ def test_patching_x_label_of_mixed_lengths_stays_within_the_map_clear_of_the_col
         plt.close("all")
 
 
+def test_patching_colour_bar_label_is_never_shrunk_below_8_points():
+    """Review 16c C4: on a 3-layer map under a four-line title (rounding floor, the differing positions) the colour
+    bar's label was shrunk to fit its short bar (about 5 pt). Drawn at the saved layout: the label is at 8 pt or more,
+    no taller than its bar (re-wrapped, the figure grown), and says the same words."""
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    lengths = (69, 59, 55, 50, 46, 43, 40, 22)
+    rows = [{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "token": "", "effect": 0.2 * (p % 17 == 3),
+             "n_rows": sum(n >= 69 - p for n in lengths)} for l in range(3) for p in range(69)]
+    exact = pd.DataFrame(rows)
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "n_positions": 69,
+               "clean_metric": 9.2, "corrupted_metric": -9.2, "top_sites": {}, "rounding_floor": {"floor": 6e-8},
+               "at_corrupted_token": {"differ_from_end": {"-64": 1, "-49": 2, "-30": 3, "-17": 2}}}
+    fig = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+    try:
+        bar = fig.axes[0].collections[0].colorbar.ax
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        label = bar.yaxis.label
+        assert label.get_fontsize() >= 8
+        assert label.get_window_extent(renderer).height <= bar.get_window_extent(renderer).height + 0.5
+        assert " ".join(label.get_text().split()) == "share of the clean-corrupted gap (1 = fully restored)"
+    finally:
+        plt.close("all")
+
+
 def test_attribution_vs_exact_legend_gives_no_slope_interval_where_the_finding_gives_none():
     """#34 review 5 (A6): a site type whose exact effects are mostly zero gets no slope interval in the finding; the
     legend says the same (one rule: attribution_patching.interval_stated)."""
@@ -2712,7 +2739,8 @@ def test_patching_map_title_clears_the_colour_bar_label_below_chance():
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
         bar = ax.collections[0].colorbar.ax
-        assert bar.yaxis.label.get_text() == "raw effect (logit_diff), gap within noise"
+        # wrapped to its bar, not shrunk (review 16c C4)
+        assert " ".join(bar.yaxis.label.get_text().split()) == "raw effect (logit_diff), gap within noise"
         title, bar_box = ax.title.get_window_extent(renderer), bar.get_tightbbox(renderer)
         assert not _overlap(title, bar_box), (title, bar_box)
         assert ax.title.get_text().split() == ("patching resid_pre, by layer and position BELOW CHANCE: muted colours "
