@@ -603,7 +603,8 @@ def _named_experts(s: Mapping[str, Any]) -> str:
 
 def routing_words(s: Mapping[str, Any]) -> str:
     """In half precision, on how many examples the router's top-k choice at the answer position is within one
-    rounding step of its logits (the k-th and the next logit less than one step of the dtype apart), per MoE layer
+    rounding step of its logits (the k-th and the next logit at most one step of the dtype apart, as
+    analyses/mlp routing_margins counts them: review 16b B2), per MoE layer
     (review 11c C2); "" in float32 or where the summary does not record it."""
     near, dtype = s.get("routing_within_rounding"), s.get("routing_dtype")
     if not isinstance(near, Mapping) or not near or not dtype:
@@ -616,5 +617,5 @@ def routing_words(s: Mapping[str, Any]) -> str:
                 f"the router logits ({_layers([str(l) for l in near])}" + (f", {n:.0f} examples)." if n else ")."))
     counts = [f"{int(v)}{f' of {n:.0f}' if n else ''} examples at layer {l}" for l, v in near.items()]
     return (f"In {dtype}, the router's {choice} at the answer position is within one rounding step of its logits "
-            f"(the last chosen and the next logit less than one step apart) on {and_join(counts)}: a per-expert "
+            f"(the last chosen and the next logit at most one step apart) on {and_join(counts)}: a per-expert "
             "claim there may rest on a choice that rounding made.")

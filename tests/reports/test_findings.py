@@ -1653,6 +1653,18 @@ PROBE = {"metric": "accuracy", "labels": "answer", "site": "resid_post", "n_exam
          "ci_per_layer": {"0": [0.824, 1.0], "1": [0.824, 1.0], "2": [0.824, 1.0]}}
 
 
+def test_probes_give_the_majority_baseline_one_way_in_every_sentence():
+    """Review 16b B3: 7 of 40 rows in the largest class gave "against a majority baseline of 0.17" in the opener and
+    "against the majority baseline 0.175" in the Bonferroni sentence; 7/40 = 0.175 in both."""
+    rate = 7 / 40
+    entry = {"metric": "accuracy", "mean": 1.0, "chance_value": rate, "correction": "bonferroni", "n_compared": 3,
+             "p_value": 1.6e-30, "p_value_uncorrected": 5.3e-31, "ci": [0.887, 1.0], "ci_level": 0.983,
+             "at_chance": False, "n_examples": 40}
+    text = finding("probes", {**PROBE, "n_examples": 40, "best_correct": 40, "majority_baseline": rate, "chance": entry})
+    assert "against a majority baseline of 0.175, so these layers" in text, text
+    assert "[0.887, 1] against the majority baseline 0.175)" in text and "0.17," not in text and "0.17)" not in text
+
+
 def test_probes_name_a_best_layer_only_beyond_the_next_ones_interval():
     text = finding("probes", PROBE)
     # verify 11a: three layers at 1.00 (19 of 19) share the top; none "scores highest"
@@ -2714,7 +2726,8 @@ def test_moe_words_name_which_blocks_are_mixtures_of_experts():
 
 def test_mlp_finding_names_top_experts_with_their_routing_and_bfloat16_margins():
     """Review 11c C3, C2: the MoE mlp finding names its top neurons' experts with n_routed in words, and in bfloat16
-    how many examples' top-2 choice is within one rounding step per MoE layer (none: said so)."""
+    how many examples' top-2 choice is within one rounding step per MoE layer (none: said so); "at most one step
+    apart", as routing_margins counts a margin of exactly one step (review 16b B2: the words said "less than")."""
     moe = {"n_experts": 4, "expert_width": 64, "top_k": 2, "shared_width": 96}
     s = {"n_memories_per_layer": {"0": 352, "1": 128, "2": 352}, "experts_per_layer": {"0": moe, "2": moe},
          "n_task_examples": 16, "routing_dtype": "bfloat16", "routing_within_rounding": {"0": 0, "2": 3},
@@ -2728,7 +2741,7 @@ def test_mlp_finding_names_top_experts_with_their_routing_and_bfloat16_margins()
             "16 examples), layer 0's shared expert's neuron 50 (2.21, on every example) and layer 1 neuron 5 (1.1, a "
             "dense MLP).") in text
     assert ("In bfloat16, the router's top-2 choice at the answer position is within one rounding step of its logits "
-            "(the last chosen and the next logit less than one step apart) on 0 of 16 examples at layer 0 and 3 of 16 "
+            "(the last chosen and the next logit at most one step apart) on 0 of 16 examples at layer 0 and 3 of 16 "
             "examples at layer 2") in text
     none = finding("mlp", {**s, "routing_within_rounding": {"0": 0, "2": 0}})
     assert ("In bfloat16, no example's top-2 choice of experts at the answer position is within one rounding step of "
