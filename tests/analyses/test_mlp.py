@@ -332,6 +332,23 @@ def test_bfloat16_routing_margins_at_the_answer_are_counted_in_rounding_steps(mi
     assert mlp.routing_margins(hs.load_model(mixed_moe_dir, device="cpu"), task, layers=(0, 1)) == {}  # float32
 
 
+def test_print_model_names_its_dtype_and_each_kind_of_mlp(mixed_moe_dir):
+    """Review 16b C2: print(model) showed "d_mlp=..." (only the dense layer's width) and no dtype on a bfloat16
+    mixture of experts. From the HF config: layer 0 (mlp_only_layers) is dense of intermediate_size, layer 1
+    num_experts x moe_intermediate_size, top num_experts_per_tok, + a shared expert of
+    shared_expert_intermediate_size; the dtype the one asked for."""
+    import transformers
+
+    import headscope as hs
+
+    c = transformers.AutoConfig.from_pretrained(mixed_moe_dir)
+    model = hs.load_model(mixed_moe_dir, device="cpu", dtype=torch.bfloat16)
+    assert (f"d_model={c.hidden_size}, mlp=(layer 0: dense {c.intermediate_size}; layer 1: {c.num_experts} experts x "
+            f"{c.moe_intermediate_size}, top-{c.num_experts_per_tok} + shared {c.shared_expert_intermediate_size}), "
+            f"n_ctx=") in repr(model), repr(model)
+    assert repr(model).endswith("dtype=bfloat16, device=cpu)") and "d_mlp" not in repr(model)
+
+
 def test_mixture_of_experts_counts_tests_and_finding_are_over_every_expert_neuron(more_arch_models, more_arch_dirs):
     """#34 review 7b, A1 and A6: on a Mixtral each layer's memories are its experts' neurons (num_local_experts x
     intermediate_size from the HF config), so the agreement counts are the fractions times that, the Fisher
