@@ -320,7 +320,10 @@ class HookedModel(TLHabits):
 
         kinds: dict[str, list[int]] = {}
         for layer in range(self.facts.n_layers):
-            e = expert_layout(self, layer)
+            try:
+                e = expert_layout(self, layer)
+            except Exception:  # noqa: BLE001  a repr never raises: a layout hooks cannot read is shown as d_mlp
+                return f"d_mlp={self.facts.d_mlp}"
             what = (f"dense {self.facts.d_mlp}" if e is None else f"{e.n_experts} experts x {e.expert_width}"
                     + (f", top-{e.top_k}" if e.top_k else "") + (f" + shared {e.shared_width}" if e.shared_width else ""))
             kinds.setdefault(what, []).append(layer)
