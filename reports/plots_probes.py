@@ -286,7 +286,7 @@ def chance_sentence(entry: Mapping[str, Any], s: Mapping[str, Any]) -> str:
     shown = s.get("best_ci") if ci_pair(s.get("best_ci")) else ci  # the 95% interval _quantity names (the entry's
     value = _quantity(s, mean, shown, s.get("best_correct"))  # may be Bonferroni-widened: correction_words gives it)
     return (f"The probe cannot be told from chance{who}: {value} holds both the majority baseline {baseline(level)} and "
-            f"{level + (1 - level) / 2:.2f}, halfway from it to perfect accuracy. The test is underpowered (not evidence "
+            f"{baseline(level + (1 - level) / 2)}, halfway from it to perfect accuracy. The test is underpowered (not evidence "
             "that the property is absent); relative findings are not reported.")
 
 

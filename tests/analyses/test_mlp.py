@@ -280,6 +280,15 @@ def test_dense_and_expert_layers_are_analysed_together(mixed_moe):
     chosen = (x @ hf.model.layers[1].mlp.gate.weight.detach().T).topk(2, -1).indices  # [batch, 2]
     routed = {e: int((chosen == e).any(-1).sum()) for e in range(4)} | {4: 6}  # the shared expert: every example
     assert moe.groupby("expert").n_routed.first().to_dict() == routed
+    # review 16b B1: the mean over the routed examples alone is the mean over all 6 times 6 / n_routed (the unrouted
+    # examples write 0), NaN for an expert no example was routed to
+    ok = moe.n_routed > 0
+    want = moe.task_update_norm[ok] * 6 / moe.n_routed[ok].astype(float)
+    assert (moe.task_update_norm_routed[ok] - want).abs().max() <= 1e-6 * want.max()
+    assert moe.task_update_norm_routed[~ok].isna().all()
+    best = moe[(moe.expert < 4) & ok].nlargest(3, "task_update_norm_routed")
+    assert [(t["expert"], t["expert_neuron"], t["n_routed"]) for t in s["top_expert_neurons_routed"]] == list(
+        zip(best.expert, best.expert_neuron, best.n_routed))
     from headscope.reports.findings import finding
     from headscope.reports.plots_mlp import figures, neuron_labels
 
