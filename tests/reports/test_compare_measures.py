@@ -291,3 +291,17 @@ def test_compare_says_a_patching_site_one_run_never_patched_is_blank_for_that_re
     assert _one(headline_notes(a, b), label).startswith(
         NOT_COMPARED + f"{label}: not compared: A's report did not patch attn_out: its sites setting (head_out) leaves "
         "it out; B's report")
+
+
+def test_compare_top_sites_table_says_a_site_one_run_never_patched_is_blank_for_that_reason(tmp_path):
+    """Review 16b C1, the top-sites table: A's cells for attn_out said "(its summary lists 0 attn_out site(s))"; now
+    they say A did not patch it and why (its budget's cut)."""
+    from headscope.reports.compare import patching_section
+
+    cell = {"layer": 0, "head": None, "pos": 3, "from_end": -1, "effect": 3.0, "ci": [2.5, 3.5], "n": 8}
+    sa = {**_patching(0.9), "budget": {"changed": {"sites": [None, ["resid_pre"]]}}, "top_sites": {"resid_pre": [cell]}}
+    sb = {**_patching(0.9), "top_sites": {"resid_pre": [cell], "attn_out": [cell]}}
+    a, b = _runs(tmp_path, "patching", sa, sb)
+    page, _ = patching_section(a, b)
+    assert "<em>(did not patch attn_out: its time budget cut patching&#x27;s sites to resid_pre)</em>" in page, page
+    assert "its summary lists 0" not in page
