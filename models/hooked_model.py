@@ -390,13 +390,38 @@ class HookedModel(TLHabits):
     def name(self) -> str:
         return self.facts.name
 
+    def _mlp_repr(self) -> str:
+        """"d_mlp=192" for a dense model; else each kind of MLP with its layers: "mlp=(layer 0: dense 192; layers 1-2:
+        6 experts x 64, top-2)" (+ "+ shared 96"), from each block's own modules (review 16b C2)."""
+        from headscope.hooks.memories import expert_layout
+
+        kinds: dict[str, list[int]] = {}
+        for layer in range(self.facts.n_layers):
+            try:
+                e = expert_layout(self, layer)
+            except Exception:  # noqa: BLE001  a repr never raises: a layout hooks cannot read is shown as d_mlp
+                return f"d_mlp={self.facts.d_mlp}"
+            what = (f"dense {self.facts.d_mlp}" if e is None else f"{e.n_experts} experts x {e.expert_width}"
+                    + (f", top-{e.top_k}" if e.top_k else "") + (f" + shared {e.shared_width}" if e.shared_width else ""))
+            kinds.setdefault(what, []).append(layer)
+        if list(kinds) == [f"dense {self.facts.d_mlp}"]:
+            return f"d_mlp={self.facts.d_mlp}"
+
+        def named(ls: list[int]) -> str:
+            runs = ls == list(range(ls[0], ls[-1] + 1))
+            return (f"layer {ls[0]}" if len(ls) == 1 else f"layers {ls[0]}-{ls[-1]}" if runs
+                    else "layers " + ",".join(map(str, ls)))
+        if len(kinds) == 1:
+            return f"mlp=({next(iter(kinds))})"
+        return "mlp=(" + "; ".join(f"{named(ls)}: {what}" for what, ls in kinds.items()) + ")"
+
     def __repr__(self) -> str:
         f = self.facts
         kind = "encoder" if f.is_encoder else "decoder"
         return (
             f"HookedModel({f.name!r}: {f.family} {kind}, {f.n_layers} layers x {f.n_heads} heads "
-            f"({f.n_kv_heads} KV), d_model={f.d_model}, d_mlp={f.d_mlp}, n_ctx={f.context_words}, "
-            f"device={self.device})"
+            f"({f.n_kv_heads} KV), d_model={f.d_model}, {self._mlp_repr()}, n_ctx={f.context_words}, "
+            f"dtype={str(self.dtype).removeprefix('torch.')}, device={self.device})"
         )
 
     # ---- tokens -------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from headscope.reports.compare_heads import (  # noqa: F401 (importance_figure: 
     importance_figure,
     importance_section,
 )
+from headscope.reports.compare_measures import R_LABEL, site_not_run
 from headscope.reports.compare_notes import n_words
 from headscope.reports.compare_pruning import pruning_notes, pruning_section  # noqa: F401 (pruning_notes: tested)
 from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read by the tests through this module)
@@ -164,10 +165,11 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
             continue
         for i in range(max(len(c) for c in cells)):
             row = [escape(kind) if i == 0 else ""]
-            for side, gap, s in zip(cells, gaps, sums):
+            for side, gap, s, run in zip(cells, gaps, sums, (a, b)):
                 cell = side[i] if i < len(side) else None
                 effect = float(cell.get("effect", float("nan"))) if cell is not None else 0.0
-                row.append(f"<em>(its summary lists {len(side)} {escape(kind)} site(s))</em>" if cell is None
+                unrun = "" if side else site_not_run("patching", R_LABEL + kind, s, run)  # 16b C1: why it is blank
+                row.append(f"<em>({escape(unrun or f'its summary lists {len(side)} {kind} site(s)')})</em>" if cell is None
                            else f"{escape(_site_name(kind, cell))}: {escape(_effect_text(effect, gap, s, cell))}"
                            + (f" <em>({escape(floor[1])}: rounding, not ranked)</em>" if _under(cell, floor) else ""))
             pair = [side[i] if i < len(side) else None for side in cells]

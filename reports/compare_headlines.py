@@ -60,6 +60,7 @@ from headscope.reports.compare_measures import (
     paired,
     r_verdict,
     sink_note,
+    site_not_run,
 )
 from headscope.reports.compare_notes import _dla_top_note, _kv_size_note, _n_text, dla_top
 from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _number, noise_verdict, tasks_differ
@@ -412,6 +413,13 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                  or _n_text(na, nb, unit, unit_b)) + caveat
             own = [f"{side}'s report {why}" for side, s, lab in zip(SIDES, (sa, sb), (label, label_b))
                    if (why := withheld_quantity(name, lab, s) or measure_withheld(name, lab, s))]
+            unrun = [f"{side}'s report {why}" for side, s, run, v in zip(SIDES, (sa, sb), (a, b), (va, vb))
+                     if not _number(v) and (why := site_not_run(name, label, s, run))]
+            if unrun:  # the site never ran on one side: that reason first, the other side's n as its own (16b C1)
+                stated = [f"n {x} {unit} in {side}" for side, x, v in zip(SIDES, (na, nb), (va, vb)) if _number(v)]
+                notes.append(NOT_COMPARED + f"{label}: not compared: " + "; ".join(unrun + own)
+                             + (f" ({stated[0]})" if stated else "") + ".")
+                continue
             if own:  # said even where both reports leave it out: each report's reason
                 notes.append(NOT_COMPARED + f"{label}: not compared: " + "; ".join(own) + f" ({n}).")
                 continue

@@ -150,6 +150,27 @@ def measure_withheld(name: str, label: str, s: Mapping[str, Any]) -> str:
             "mostly": "says its r is mostly carried by its largest cell, without an interval"}.get(case, "")
 
 
+def site_not_run(name: str, label: str, s: Mapping[str, Any], run: Run) -> str:
+    """Why a run's report has no patching r at the site under `label` ('' where that is not recorded): its time
+    budget cut the sites (the summary's budget.changed "sites") or its own sites setting left the site out (review
+    16b C1: "n differs: not recorded vs 96 cells" was given where A's budget never ran attn_out)."""
+    if name != "patching" or not label.startswith(R_LABEL):
+        return ""
+    site = label.removeprefix(R_LABEL)
+    budget = s.get("budget") if isinstance(s.get("budget"), Mapping) else {}
+    moved = (budget.get("changed") or {}).get("sites") if isinstance(budget.get("changed"), Mapping) else None
+    if isinstance(moved, (list, tuple)) and len(moved) == 2 and isinstance(moved[1], (list, tuple)) \
+            and site not in moved[1]:
+        from headscope.reports.findings import and_join
+
+        return (f"did not patch {site}: its time budget cut patching's sites to {and_join([str(x) for x in moved[1]])}"
+                if moved[1] else f"did not patch {site}: its time budget ran no site")
+    sites = _analysis_settings(run, "patching").get("sites")
+    if isinstance(sites, (list, tuple)) and sites and site not in sites:
+        return f"did not patch {site}: its sites setting ({', '.join(str(x) for x in sites)}) leaves it out"
+    return ""
+
+
 def r_verdict(ra: float, rb: float, na: int, nb: int) -> str:
     """Two Pearson r's by their Fisher 95% intervals (findings.fisher_interval, the ones the findings print): within
     noise where |atanh rb - atanh ra| is inside the two intervals' combined half-widths on the z scale (1.96 /
@@ -283,4 +304,5 @@ def more_notes(a: Run, b: Run) -> list[str]:
 
 
 __all__ = ["MORE", "SIDES", "measure_apart", "measure_withheld", "more_notes", "norm_note", "paired", "r_verdict",
+           "site_not_run",
            "sink_note"]

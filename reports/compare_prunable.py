@@ -127,13 +127,52 @@ def _fixed_means(run: Run, ordering: str) -> dict[int, float] | None:
     return {int(k): float(v) for k, v in zip(rows["n_pruned"], rows["metric"])} or None
 
 
+def _tied_groups(s: Mapping[str, Any], ordering: str) -> list[set[str]]:
+    """The runs of heads one summary records as tied within rounding for what `ordering` ranks by (the top heads'
+    tied_top_groups_<method> / tied_top_heads_<method>, the first removed tied_first_pruned_<method>)."""
+    methods = ("gradient",) if ordering == "gradient" else ABLATION_METHODS
+    groups = []
+    for m in methods:
+        runs = [*(s.get(f"tied_top_groups_{m}") or []), *(s.get(f"tied_first_pruned_{m}") or []),
+                *([s[f"tied_top_heads_{m}"]] if isinstance(s.get(f"tied_top_heads_{m}"), list) else [])]
+        groups += [{str(h) for h in g} for g in runs if isinstance(g, list) and len(g) > 1]
+    return groups
+
+
+def _same_heads_words(means: list[dict[int, float]], orders: list[list[str]], point: int, floor: Any,
+                      low: str) -> tuple[str, bool | None]:
+    """The curve points next to `point` (the last before it, the first after) where both runs have removed the same
+    heads, their changes from unpruned set against the lower precision's rounding step `floor`: (words, True within
+    it, False beyond it: the precision changes the computation there; None without such a point or a floor)."""
+    same = [k for k in sorted(means[0]) if k > 0 and k in means[1] and k != point
+            and set(orders[0][:k]) == set(orders[1][:k])]
+    near = [k for k in (max((k for k in same if k < point), default=None), min((k for k in same if k > point),
+                                                                              default=None)) if k is not None]
+    if not near:
+        return "", None
+    gaps = [abs((means[0][k] - means[0][0]) - (means[1][k] - means[1][0])) for k in near]
+    at = " and ".join(str(k) for k in near)
+    said = (f"; with the same heads removed (at {at} heads) the changes are "
+            f"{' and '.join(f'{g:.2g}' for g in gaps)} apart")
+    if not _number(floor):
+        return said, None
+    if max(gaps) <= float(floor):
+        return said + f", within {low}'s rounding step of the metric ({float(floor):.2g})", True
+    return (said + f", more than {low}'s rounding step of the metric ({float(floor):.2g}): the precision changes the "
+            "model's computation there, not only its rounding"), False
+
+
 def precision_words(a: Run, b: Run, ordering: str, counts: list[Any]) -> tuple[str, bool | None]:
     """Where A and B differ only in precision (compare_run.precision_only) and their counts of heads prunable by a fixed
     `ordering` differ: (the point that decides them, the first of the curve past the smaller count, its change from
     unpruned in each run, and whether the two lie within the lower precision's rounding step of the metric (its
     summary's noise_floor), True then: a rounding difference, not the model's (review 11b A7: a 2-head step of
     -0.0005 nats in float32 that rounds to +0 in bfloat16 decided a count against a 1% line of 0.00006));
-    ("", None) otherwise."""
+    ("", None) otherwise. Where the two orders have removed different heads by that point (heads/curve.csv's
+    `pruned`), the gap is not set against rounding: the heads that differ are named, with the summaries that record
+    them as tied within rounding (then the gap is that tie broken differently; review 16b A1: "the precision changes
+    the model's computation" over two 8-head sets that differed by a tied head), and the precision is judged at the
+    neighbouring points where both removed the same heads (False only where the gap there exceeds the rounding)."""
     sides = precision_only(a, b)
     if sides is None or ordering.startswith("random") or ordering.endswith("_recompute") or \
             not all(_number(c) for c in counts) or counts[0] == counts[1]:
@@ -150,6 +189,22 @@ def precision_words(a: Run, b: Run, ordering: str, counts: list[Any]) -> tuple[s
     said = (f"the runs differ only in precision (A {dtype_of(a)}, B {dtype_of(b)}): at {point} heads removed, the "
             f"point that decides the counts, the change from unpruned is {change[0]:+.3g} in A and {change[1]:+.3g} in "
             f"B, {gap:.2g} apart")
+    orders = [first_removed(r, ordering) for r in (a, b)]
+    if all(orders) and min(map(len, orders)) >= point and set(orders[0][:point]) != set(orders[1][:point]):
+        only = [[h for h in orders[i][:point] if h not in orders[1 - i][:point]] for i in (0, 1)]
+        differ = {*only[0], *only[1]}
+        tied = [side for side, r in zip(SIDES, (a, b))
+                if any(differ <= g for g in _tied_groups(r.summary("heads") or {}, ordering))]
+        said += (f", but over different heads: by then A has removed {and_join(only[0])} where B has removed "
+                 f"{and_join(only[1])}")
+        if tied:
+            whose = "both heads findings record" if len(tied) == 2 else f"{tied[0]}'s heads finding records"
+            said += (f", which {whose} as tied within rounding: the gap is that tie broken differently, not the "
+                     "precision changing the model's computation")
+        else:
+            said += ", which neither heads finding records as tied within rounding"
+        same, within = _same_heads_words(means, orders, point, floor, dtype_of(low))
+        return said + same, (False if within is False else None)
     if not _number(floor):
         return said + f"; {dtype_of(low)}'s rounding step of the metric is not recorded", None
     if gap <= float(floor):

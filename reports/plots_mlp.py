@@ -110,11 +110,9 @@ def neuron_labels(data: pd.DataFrame, n_examples: int | None = None, shared: Map
 
 
 def _neuron_key(moe: bool, dense: bool) -> str:
-    """The y label: what a bar's label means, one whole phrase a line (review 12a B3: textwrap cut "L layer
-    E expert n neuron" into three garbled lines beside a short figure)."""
-    if not moe:
-        return "neuron\n(L<layer>.N<index>)"
-    return "expert neuron\n(L<layer> E<expert> n<neuron>)" + ("\ndense layer: L<layer> dense n<neuron>" if dense else "")
+    """The y label: one short word; what a bar's label means (L<layer> E<expert> n<neuron>, dense, shared) is the
+    caption's (review 16b C3: three lines of label templates crowded the axis; 12a B3 before them)."""
+    return "neuron"
 
 
 def _label_height(text: str) -> float:
@@ -142,11 +140,14 @@ def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples:
     sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax,
                 palette=layer_colours(data.layer), edgecolor="black", linewidth=0.5)
     update = "m_i (g * v_i), g the post-MLP norm's gain," if post_norm else "m_i v_i"
-    xlabel = f"mean L2 norm of the update {update} at the answer" + (" (0 where not routed)" if moe else "")
-    ax.set(xlabel=textwrap.fill(xlabel, 48),  # on two lines: one is wider than the axes beside long labels
+    xlabel = (f"mean L2 norm of the update {update} at the answer (residual-stream units"
+              + ("; 0 where not routed)" if moe else ")"))
+    ax.set(xlabel=textwrap.fill(xlabel, 48, break_on_hyphens=False),  # two lines: one is wider than the axes
            ylabel=_neuron_key(moe, dense),
            title="Largest sub-updates on the task" + (f" '{label(task)}'" if task else ""))
-    if ax.get_legend() is not None:  # off the data
+    if ax.get_legend() is not None and data.layer.nunique() < 2:  # one layer: its labels name it (16b C3)
+        ax.get_legend().remove()
+    elif ax.get_legend() is not None:  # off the data
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
     return ax
 
@@ -327,7 +328,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                        "stream units, mean over the task's examples), coloured by layer. On a mixture of experts a "
                        "neuron is one expert's (L layer E expert n neuron) and its update is 0 on the examples not "
                        "routed to its expert, so its mean mixes how strongly it writes with how often its expert is "
-                       "chosen: each label says on how many examples it was routed. On a post-norm model (Gemma 2/3, "
+                       "chosen: each label says on how many examples it was routed, and a dense layer's neurons (L "
+                       "layer dense n neuron), on every example, rank above experts' by construction (the finding names "
+                       "the largest expert neurons by their mean over their routed examples). On a dense model a "
+                       "label is L<layer>.N<neuron>, e.g. L1.N79. On a post-norm model (Gemma 2/3, "
                        "OLMo 2) v_i is taken through the post-MLP norm's gain, its shared scale left out.",
 }
 
@@ -608,13 +612,32 @@ def _named_experts(s: Mapping[str, Any]) -> str:
                 f"routed on {t['n_routed']}{of} examples)")
 
     text = "The largest mean updates ||m_i v_i|| at the answer are " + and_join([one(t) for t in top]) + "."
+    text += routed_words(s, top, of)
     routing = routing_words(s)
     return text + (" " + routing if routing else "")
 
 
+def routed_words(s: Mapping[str, Any], top: list[Mapping[str, Any]], of: str) -> str:
+    """Why routed experts' neurons rank as they do (their means count 0 on the examples not routed to their expert,
+    so a dense layer's neurons, on every example, rank first by construction) and the largest by the mean over
+    the routed examples, each with that n (top_expert_neurons_routed; review 16b B1); "" where not recorded."""
+    best = [t for t in s.get("top_expert_neurons_routed") or [] if isinstance(t, Mapping)]
+    if not best:
+        return ""
+    dense = any("expert" not in t for t in top)
+    why = ("so a dense layer's neurons, which write on every example, rank above them by construction" if dense else
+           "so the ranking mixes how strongly a neuron writes with how often its expert is chosen")
+    said = [f"layer {t['layer']} expert {t['expert']}'s neuron {t['expert_neuron']} ({t['task_update_norm_routed']:.3g}, "
+            f"over the {t['n_routed']}{of} examples routed to it)" for t in best]
+    return (f" These means count 0 for a routed expert's neuron on the examples not routed to its expert, {why}; by "
+            f"the mean over its routed examples alone the largest {'is' if len(said) == 1 else 'are'} "
+            f"{and_join(said)}.")
+
+
 def routing_words(s: Mapping[str, Any]) -> str:
     """In half precision, on how many examples the router's top-k choice at the answer position is within one
-    rounding step of its logits (the k-th and the next logit less than one step of the dtype apart), per MoE layer
+    rounding step of its logits (the k-th and the next logit at most one step of the dtype apart, as
+    analyses/mlp routing_margins counts them: review 16b B2), per MoE layer
     (review 11c C2); "" in float32 or where the summary does not record it."""
     near, dtype = s.get("routing_within_rounding"), s.get("routing_dtype")
     if not isinstance(near, Mapping) or not near or not dtype:
@@ -627,5 +650,5 @@ def routing_words(s: Mapping[str, Any]) -> str:
                 f"the router logits ({_layers([str(l) for l in near])}" + (f", {n:.0f} examples)." if n else ")."))
     counts = [f"{int(v)}{f' of {n:.0f}' if n else ''} examples at layer {l}" for l, v in near.items()]
     return (f"In {dtype}, the router's {choice} at the answer position is within one rounding step of its logits "
-            f"(the last chosen and the next logit less than one step apart) on {and_join(counts)}: a per-expert "
+            f"(the last chosen and the next logit at most one step apart) on {and_join(counts)}: a per-expert "
             "claim there may rest on a choice that rounding made.")

@@ -242,6 +242,12 @@ def _tied_sentence(s: Mapping[str, Any], tied: list[str], value: str, digits: in
             f"{'the two' if one else 'these layers'} cannot be told apart")
 
 
+def baseline(rate: float) -> str:
+    """The majority baseline as every probes sentence prints it, to 3 significant figures (review 16b B3: "0.17" and
+    "0.175" for one 7/40 in one finding)."""
+    return f"{rate:.3g}"
+
+
 def correction_words(s: Mapping[str, Any]) -> str:
     """How the chance verdict on the best layer was corrected for choosing it, and how close it is (review 15a B1:
     above chance at p = 0.013 in float32, at chance in bfloat16, the best of 3 layers uncorrected): '' for an
@@ -266,7 +272,7 @@ def correction_words(s: Mapping[str, Any]) -> str:
                                     if p >= alpha / 5 else "")
         ci = entry.get("ci")
         span = (f"; its {level_words(level)} exact interval [{ci[0]:.3g}, {ci[1]:.3g}] against the majority baseline "
-                f"{_num(entry.get('chance_value')) or 0:.3g}" if level is not None and ci_pair(ci) else "")
+                f"{baseline(_num(entry.get('chance_value')) or 0)}" if level is not None and ci_pair(ci) else "")
     return (f"The chance test takes the best of {m:.0f} layers, so it is Bonferroni-corrected for that choice "
             f"(alpha {alpha:g}/{m:.0f}{span}): corrected p = {p:.2g} (uncorrected {raw:.2g}), {verdict}.")
 
@@ -285,8 +291,8 @@ def chance_sentence(entry: Mapping[str, Any], s: Mapping[str, Any]) -> str:
     who = f" with {n} examples" + (f" ({classes} classes{per})" if classes else "") if n else ""
     shown = s.get("best_ci") if ci_pair(s.get("best_ci")) else ci  # the 95% interval _quantity names (the entry's
     value = _quantity(s, mean, shown, s.get("best_correct"))  # may be Bonferroni-widened: correction_words gives it)
-    return (f"The probe cannot be told from chance{who}: {value} holds both the majority baseline {level:.2f} and "
-            f"{level + (1 - level) / 2:.2f}, halfway from it to perfect accuracy. The test is underpowered (not evidence "
+    return (f"The probe cannot be told from chance{who}: {value} holds both the majority baseline {baseline(level)} and "
+            f"{baseline(level + (1 - level) / 2)}, halfway from it to perfect accuracy. The test is underpowered (not evidence "
             "that the property is absent); relative findings are not reported.")
 
 
@@ -323,7 +329,7 @@ def finding(s: Mapping[str, Any]) -> str:
             sd, folds = _num(s.get("best_std")), s.get("cv")
             value = ("R^2" if metric == "r2" else metric) + f" {best:.2f}"
             value += f" (sd {sd:.2f} over {folds} folds)" if sd is not None and folds else ""
-        against = f" against a majority baseline of {majority:.2f}" if majority is not None else ""
+        against = f" against a majority baseline of {baseline(majority)}" if majority is not None else ""
         examples = _examples(s)
         out, tied, ci = _stands_out(s)
         if out:

@@ -336,6 +336,10 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
             for e in experts.unique().tolist():
                 routed[:, e] = (m[:, experts == e] != 0).any(1)
             per.insert(4, "n_routed", routed.sum(0)[experts].numpy())
+            # the mean over the examples routed to the neuron's expert only (NaN where none was): how strongly it
+            # writes when chosen (review 16b B1: the mean over all examples ranks a dense layer first by construction)
+            on = routed[:, experts].float()  # [batch, d_mlp] 1 where the neuron's expert was chosen
+            per["task_update_norm_routed"] = ((norms * on).sum(0) / on.sum(0)).numpy()  # 0/0: NaN
         neuron_rows.append(per)
     return _whole(pd.DataFrame(top_rows)), _whole(pd.concat(neuron_rows, ignore_index=True))
 
@@ -518,6 +522,9 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         # the three neurons with the largest mean update at the answer, with their expert and its routing (the finding
         # names them with n_routed in words: a mean over examples counts the zeros of those not routed to the expert)
         "top_neurons": [_named(row, experts) for row in table.head(3).itertuples()],
+        # the routed experts' neurons with the largest mean update over the examples routed to their expert, with that
+        # n (review 16b B1: the ranking above counts their unrouted examples' zeros); [] without routed experts
+        "top_expert_neurons_routed": _routed_top(df, experts),
         "mixture_of_experts": bool(experts),
         **routing_margins(model, task, layers, acts=answer_acts),
         # mixture-of-experts layers: {layer: {n_experts, expert_width, top_k, shared_width}} (their memories)
@@ -526,6 +533,19 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     return Result(name="mlp", df=df, summary=summary,
                   tables={"agreement": agree, "top_neurons": table.reset_index(drop=True), "task_updates": top_updates},
                   config={**asdict(config), "task": task.name})
+
+
+def _routed_top(df: pd.DataFrame, experts: Mapping[str, Any], n: int = 3) -> list[dict[str, Any]]:
+    """The `n` routed (not shared) expert neurons with the largest task_update_norm_routed, each with its layer,
+    expert, neuron within it, that mean and n_routed; [] for a dense model."""
+    if "task_update_norm_routed" not in df:
+        return []
+    shared = [(int(l), e["n_experts"]) for l, e in experts.items() if e.get("shared_width")]
+    rows = df[df.expert.notna() & df.task_update_norm_routed.notna()]
+    rows = rows[[(int(l), int(e)) not in shared for l, e in zip(rows.layer, rows.expert)]]
+    return [{"layer": int(r.layer), "neuron": int(r.neuron), "expert": int(r.expert),
+             "expert_neuron": int(r.expert_neuron), "task_update_norm_routed": float(r.task_update_norm_routed),
+             "n_routed": int(r.n_routed)} for r in rows.nlargest(n, "task_update_norm_routed").itertuples()]
 
 
 def _named(row, experts: Mapping[str, Any]) -> dict[str, Any]:

@@ -280,6 +280,15 @@ def test_dense_and_expert_layers_are_analysed_together(mixed_moe):
     chosen = (x @ hf.model.layers[1].mlp.gate.weight.detach().T).topk(2, -1).indices  # [batch, 2]
     routed = {e: int((chosen == e).any(-1).sum()) for e in range(4)} | {4: 6}  # the shared expert: every example
     assert moe.groupby("expert").n_routed.first().to_dict() == routed
+    # review 16b B1: the mean over the routed examples alone is the mean over all 6 times 6 / n_routed (the unrouted
+    # examples write 0), NaN for an expert no example was routed to
+    ok = moe.n_routed > 0
+    want = moe.task_update_norm[ok] * 6 / moe.n_routed[ok].astype(float)
+    assert (moe.task_update_norm_routed[ok] - want).abs().max() <= 1e-6 * want.max()
+    assert moe.task_update_norm_routed[~ok].isna().all()
+    best = moe[(moe.expert < 4) & ok].nlargest(3, "task_update_norm_routed")
+    assert [(t["expert"], t["expert_neuron"], t["n_routed"]) for t in s["top_expert_neurons_routed"]] == list(
+        zip(best.expert, best.expert_neuron, best.n_routed))
     from headscope.reports.findings import finding
     from headscope.reports.plots_mlp import figures, neuron_labels
 
@@ -330,6 +339,23 @@ def test_bfloat16_routing_margins_at_the_answer_are_counted_in_rounding_steps(mi
     assert s["routing_within_rounding"]["1"] == sum(m <= 1 for m in steps)
     assert s["routing_margin_steps_min"]["1"] == pytest.approx(min(steps), abs=2)  # bridge and HF may round apart
     assert mlp.routing_margins(hs.load_model(mixed_moe_dir, device="cpu"), task, layers=(0, 1)) == {}  # float32
+
+
+def test_print_model_names_its_dtype_and_each_kind_of_mlp(mixed_moe_dir):
+    """Review 16b C2: print(model) showed "d_mlp=..." (only the dense layer's width) and no dtype on a bfloat16
+    mixture of experts. From the HF config: layer 0 (mlp_only_layers) is dense of intermediate_size, layer 1
+    num_experts x moe_intermediate_size, top num_experts_per_tok, + a shared expert of
+    shared_expert_intermediate_size; the dtype the one asked for."""
+    import transformers
+
+    import headscope as hs
+
+    c = transformers.AutoConfig.from_pretrained(mixed_moe_dir)
+    model = hs.load_model(mixed_moe_dir, device="cpu", dtype=torch.bfloat16)
+    assert (f"d_model={c.hidden_size}, mlp=(layer 0: dense {c.intermediate_size}; layer 1: {c.num_experts} experts x "
+            f"{c.moe_intermediate_size}, top-{c.num_experts_per_tok} + shared {c.shared_expert_intermediate_size}), "
+            f"n_ctx=") in repr(model), repr(model)
+    assert repr(model).endswith("dtype=bfloat16, device=cpu)") and "d_mlp" not in repr(model)
 
 
 def test_mixture_of_experts_counts_tests_and_finding_are_over_every_expert_neuron(more_arch_models, more_arch_dirs):

@@ -1582,6 +1582,39 @@ def test_one_model_at_two_precisions_splits_a_count_by_rounding_not_by_a_verdict
     assert "beyond noise" in other and "precision" not in other and "does not" not in other
 
 
+def test_two_precisions_that_removed_other_heads_at_the_deciding_point_name_the_tie_not_the_computation(tmp_path):
+    """Review 16b A1: at the point that decides the counts the two orders had removed different heads (bfloat16 broke
+    a rounding tie the other way), and compare said the 0.22 gap meant "the precision changes the model's
+    computation". Constructed: at 2 heads A (float32) has removed L2H2, L2H0 and B (bfloat16) L2H2, L1H0, which B's
+    summary records as tied; at 4 and 6 both have removed the same heads. By hand: at 2 the changes are
+    -0.0075 + 0.007 = -0.0005 and -0.25 + 0.006 = -0.244 (0.2435 apart); at 4, -0.0408 and -0.043 (0.0022 apart,
+    under B's step 0.0794): the gap is the tie, and the same heads move within rounding."""
+    from headscope.reports.compare import pruning_notes
+    from headscope.reports.compare_prunable import precision_words
+
+    a, b = _precision_pair(tmp_path, {"a": [-0.007, -0.0075, -0.0478], "b": [-0.006, -0.25, -0.049]},
+                           {"a": 2, "b": 0}, {"a": [2, 2], "b": [0, 2]})
+    for side, pruned in (("a", ["", "L2H2 L2H0", "L1H0 L1H1"]), ("b", ["", "L2H2 L1H0", "L2H0 L1H1"])):
+        curve = pd.read_csv(tmp_path / side / "heads" / "curve.csv")
+        io.write_csv(tmp_path / side / "heads" / "curve.csv", curve.assign(pruned=pruned))
+    _heads_summary(tmp_path / "b", tied_first_pruned_zero=[["L2H0", "L1H0"]])
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    start = ("the runs differ only in precision (A float32, B bfloat16): at 2 heads removed, the point that decides the "
+             "counts, the change from unpruned is -0.0005 in A and -0.244 in B, 0.24 apart, but over different heads: "
+             "by then A has removed L2H0 where B has removed L1H0")
+    same = ("; with the same heads removed (at 4 heads) the changes are 0.0022 apart, within bfloat16's rounding step "
+            "of the metric (0.079)")
+    said, within = precision_words(a, b, "ablation", [2.0, 0.0])
+    assert (said, within) == (start + ", which B's heads finding records as tied within rounding: the gap is that tie "
+                              "broken differently, not the precision changing the model's computation" + same, None)
+    [note] = pruning_notes(a, b)
+    assert "changes the model's computation here" not in note and said[1:] in note
+    # no recorded tie: the heads that differ are named, not called a tie, and the same heads judge the precision
+    _heads_summary(tmp_path / "b", tied_first_pruned_zero=[])
+    assert precision_words(Run(tmp_path / "a"), Run(tmp_path / "b"), "ablation", [2.0, 0.0]) == (
+        start + ", which neither heads finding records as tied within rounding" + same, None)
+
+
 def test_a_zero_count_is_none_so_equal_verdicts_are_not_said_to_differ(tmp_path):
     """Review 11b A7: "B's interval (0-2 heads) reaches none ..., while A's (0-0 heads) does not" contradicted itself:
     a count of 0 with interval 0-0 is none, so neither finding sees a dispensable head and no verdicts differ."""

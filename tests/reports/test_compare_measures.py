@@ -271,3 +271,37 @@ def test_compare_does_not_set_a_saturated_outputs_median_distance_against_anothe
         "show that the layer does little (the task metric's change is compared instead); B's report says its output is "
         "saturated, where a small distance does not show that the layer does little (the task metric's change is "
         "compared instead) (n 6 each).")
+
+
+def test_compare_says_a_patching_site_one_run_never_patched_is_blank_for_that_reason(tmp_path):
+    """Review 16b C1: A's time budget cut patching's sites to resid_pre and head_out, so A has no r at attn_out; compare
+    said "n differs: not recorded vs 96 cells: intervals of other widths", a sampling reason. The real reason comes
+    first, B's own reason after it, and B's n as B's; a sites setting that leaves the site out is named likewise."""
+    label = "patching attribution-vs-exact Pearson r at attn_out"
+    cut = {"budget": {"changed": {"sites": [None, ["resid_pre", "head_out"]]}}}
+    few = {"pearson": 0.997, "n": 96, "n_nonzero": 2}
+    sb = {**_patching(0.9), "attribution_correlation": {"head_out": {"pearson": 0.9, "n": 60, "n_nonzero": 60},
+                                                        "attn_out": few}}
+    a, b = _runs(tmp_path / "x", "patching", {**_patching(0.9), **cut}, sb)
+    assert _one(headline_notes(a, b), label) == (
+        NOT_COMPARED + f"{label}: not compared: A's report did not patch attn_out: its time budget cut patching's sites "
+        "to resid_pre and head_out; B's report says its r rests on 2 non-zero exact effect(s) and says nothing about "
+        "agreement (n 96 cells in B).")
+    a, b = _runs(tmp_path / "y", "patching", _patching(0.9), sb, settings=({"sites": ["head_out"]}, {}))
+    assert _one(headline_notes(a, b), label).startswith(
+        NOT_COMPARED + f"{label}: not compared: A's report did not patch attn_out: its sites setting (head_out) leaves "
+        "it out; B's report")
+
+
+def test_compare_top_sites_table_says_a_site_one_run_never_patched_is_blank_for_that_reason(tmp_path):
+    """Review 16b C1, the top-sites table: A's cells for attn_out said "(its summary lists 0 attn_out site(s))"; now
+    they say A did not patch it and why (its budget's cut)."""
+    from headscope.reports.compare import patching_section
+
+    cell = {"layer": 0, "head": None, "pos": 3, "from_end": -1, "effect": 3.0, "ci": [2.5, 3.5], "n": 8}
+    sa = {**_patching(0.9), "budget": {"changed": {"sites": [None, ["resid_pre"]]}}, "top_sites": {"resid_pre": [cell]}}
+    sb = {**_patching(0.9), "top_sites": {"resid_pre": [cell], "attn_out": [cell]}}
+    a, b = _runs(tmp_path, "patching", sa, sb)
+    page, _ = patching_section(a, b)
+    assert "<em>(did not patch attn_out: its time budget cut patching&#x27;s sites to resid_pre)</em>" in page, page
+    assert "its summary lists 0" not in page

@@ -2686,34 +2686,39 @@ def test_mlp_top_neurons_names_the_task_and_every_layers_bars_stand_out_from_whi
         # relative luminance (sRGB weights of the drawn colours): viridis's yellow end is 0.87; every bar stays below 0.62
         assert max(0.2126 * r + 0.7152 * g + 0.0722 * b for r, g, b in fills) < 0.62
         assert all(b.get_linewidth() > 0 for b in ax.patches if b.get_width() > 0)  # outlined
-        assert " ".join(ax.get_xlabel().split()) == "mean L2 norm of the update m_i v_i at the answer"
+        assert " ".join(ax.get_xlabel().split()) == ("mean L2 norm of the update m_i v_i at the answer "
+                                                     "(residual-stream units)")
         # review 8b C7: on a post-norm model the update is written through the post-MLP norm's gain
         assert " ".join(plot_top_neurons(data, post_norm=True, ax=plt.subplots()[1]).get_xlabel().split()) == (
-            "mean L2 norm of the update m_i (g * v_i), g the post-MLP norm's gain, at the answer")
+            "mean L2 norm of the update m_i (g * v_i), g the post-MLP norm's gain, at the answer (residual-stream units)")
     finally:
         plt.close("all")
 
 
-def test_mlp_top_neurons_y_label_keeps_each_phrase_whole_and_inside_the_figure():
-    """Review 12a B3: the mixture-of-experts y label "expert neuron (L layer E expert n neuron); dense: L layer . N
-    index" wrapped at 28 characters into three garbled lines. Now one whole phrase a line, drawn inside the figure."""
+def test_mlp_top_neurons_y_label_is_one_short_word_inside_the_figure_and_one_layer_has_no_legend():
+    """Review 12a B3, then 16b C3: the y label held three lines of label templates ("expert neuron (L<layer> E<expert>
+    n<neuron>) dense layer: L<layer> dense n<neuron>") beside a legend with one entry. Now "neuron" (the caption says
+    what a label means, the x label gives the units), drawn inside the figure; the layer legend only where the bars
+    come from two layers or more."""
     from headscope.reports.plots import laid_out
-    from headscope.reports.plots_mlp import plot_top_neurons
+    from headscope.reports.plots_mlp import CAPTIONS, plot_top_neurons
 
     moe = pd.DataFrame({"layer": [0, 1, 2], "neuron": [9, 94, 67], "task_update_norm": [0.6, 0.3, 0.24],
                         "expert": pd.array([None, 2, 4], dtype="Int64"), "expert_neuron": [9, 24, 50]})
+    dense = moe.assign(layer=0, expert=pd.array([None, None, None], dtype="Int64"))
     try:
-        for data, want in ((moe, ["expert neuron", "(L<layer> E<expert> n<neuron>)", "dense layer: L<layer> dense n<neuron>"]),
-                           (moe.assign(expert=pd.array([1, 2, 4], dtype="Int64")),
-                            ["expert neuron", "(L<layer> E<expert> n<neuron>)"]),
-                           (moe[["layer", "neuron", "task_update_norm"]], ["neuron", "(L<layer>.N<index>)"])):
+        for data, legend in ((moe, True), (moe.assign(expert=pd.array([1, 2, 4], dtype="Int64")), True),
+                             (moe[["layer", "neuron", "task_update_norm"]], True), (dense, False)):
             ax = plot_top_neurons(data)
-            assert ax.get_ylabel().split("\n") == want
+            assert ax.get_ylabel() == "neuron" and "residual-stream units" in ax.get_xlabel()
+            assert (ax.get_legend() is not None) == legend
             fig = laid_out(ax)  # as mlp's figures() stores it
             fig.canvas.draw()
             box, page = ax.yaxis.label.get_window_extent(), fig.bbox
             assert box.y0 >= page.y0 and box.y1 <= page.y1 and box.x0 >= page.x0, (box, page)
             plt.close(fig)
+        assert "L layer E expert n neuron" in CAPTIONS["mlp_top_neurons"]
+        assert "L layer dense n neuron" in CAPTIONS["mlp_top_neurons"]
     finally:
         plt.close("all")
 

@@ -1682,6 +1682,18 @@ PROBE = {"metric": "accuracy", "labels": "answer", "site": "resid_post", "n_exam
          "ci_per_layer": {"0": [0.824, 1.0], "1": [0.824, 1.0], "2": [0.824, 1.0]}}
 
 
+def test_probes_give_the_majority_baseline_one_way_in_every_sentence():
+    """Review 16b B3: 7 of 40 rows in the largest class gave "against a majority baseline of 0.17" in the opener and
+    "against the majority baseline 0.175" in the Bonferroni sentence; 7/40 = 0.175 in both."""
+    rate = 7 / 40
+    entry = {"metric": "accuracy", "mean": 1.0, "chance_value": rate, "correction": "bonferroni", "n_compared": 3,
+             "p_value": 1.6e-30, "p_value_uncorrected": 5.3e-31, "ci": [0.887, 1.0], "ci_level": 0.983,
+             "at_chance": False, "n_examples": 40}
+    text = finding("probes", {**PROBE, "n_examples": 40, "best_correct": 40, "majority_baseline": rate, "chance": entry})
+    assert "against a majority baseline of 0.175, so these layers" in text, text
+    assert "[0.887, 1] against the majority baseline 0.175)" in text and "0.17," not in text and "0.17)" not in text
+
+
 def test_probes_name_a_best_layer_only_beyond_the_next_ones_interval():
     text = finding("probes", PROBE)
     # verify 11a: three layers at 1.00 (19 of 19) share the top; none "scores highest"
@@ -1735,7 +1747,7 @@ def test_an_underpowered_probe_is_not_called_at_chance_and_states_one_accuracy()
     text = finding("probes", s)
     assert text.startswith("The probe cannot be told from chance with 11 examples (5 classes, about 2 per class): "
                            "accuracy 0.55 (6 of 11 correct out of fold, 95% CI [0.23, 0.83]) holds both the majority "
-                           "baseline 0.27 and 0.64, halfway from it to perfect accuracy. The test is underpowered")
+                           "baseline 0.273 and 0.637, halfway from it to perfect accuracy. The test is underpowered")
     assert "scores at chance" not in text and "0.58" not in text and "stands out" not in text and "best at" not in text
     tight = {**s, "n_examples": 400, "best_accuracy": 0.28, "best_correct": 112}
     tight["chance"] = chance.from_summary(tight)
@@ -2741,9 +2753,37 @@ def test_moe_words_name_which_blocks_are_mixtures_of_experts():
     assert "Split by expert" not in text  # no per-expert entry: nothing said
 
 
+def test_mlp_finding_says_why_dense_neurons_rank_first_and_names_the_experts_by_their_routed_mean():
+    """Review 16b B1: on Qwen3-MoE (dense layer 0, experts in 1-2) the "largest mean updates" could only be layer 0's:
+    an expert neuron's mean counts 0 on its unrouted examples. Constructed: layer 1 expert 1's neuron 17 writes
+    0.833 on the 2 of 16 examples routed to it (0.104 over all 16), more than the dense neurons shown."""
+    moe = {"n_experts": 6, "expert_width": 64, "top_k": 2, "shared_width": 0}
+    s = {"n_memories_per_layer": {"0": 192, "1": 384, "2": 384}, "experts_per_layer": {"1": moe, "2": moe},
+         "n_task_examples": 16,
+         "top_neurons": [{"layer": 0, "neuron": 135, "task_update_norm": 0.809},
+                         {"layer": 0, "neuron": 57, "task_update_norm": 0.671}],
+         "top_expert_neurons_routed": [
+             {"layer": 1, "neuron": 81, "expert": 1, "expert_neuron": 17, "task_update_norm_routed": 1.666 / 2,
+              "n_routed": 2},
+             {"layer": 2, "neuron": 330, "expert": 5, "expert_neuron": 10, "task_update_norm_routed": 3.206 / 7,
+              "n_routed": 7}]}
+    assert ("The largest mean updates ||m_i v_i|| at the answer are layer 0 neuron 135 (0.809, a dense MLP) and layer 0 "
+            "neuron 57 (0.671, a dense MLP). These means count 0 for a routed expert's neuron on the examples not "
+            "routed to its expert, so a dense layer's neurons, which write on every example, rank above them by "
+            "construction; by the mean over its routed examples alone the largest are layer 1 expert 1's neuron 17 "
+            "(0.833, over the 2 of 16 examples routed to it) and layer 2 expert 5's neuron 10 (0.458, over the 7 of 16 "
+            "examples routed to it).") in finding("mlp", s)
+    everyone = {**s, "top_neurons": [{"layer": 1, "neuron": 81, "task_update_norm": 0.104, "expert": 1,
+                                      "expert_neuron": 17, "n_routed": 2, "shared": False}]}
+    assert "so the ranking mixes how strongly a neuron writes with how often its expert is chosen" in finding(
+        "mlp", everyone)
+    assert "These means count 0" not in finding("mlp", {k: v for k, v in s.items() if k != "top_expert_neurons_routed"})
+
+
 def test_mlp_finding_names_top_experts_with_their_routing_and_bfloat16_margins():
     """Review 11c C3, C2: the MoE mlp finding names its top neurons' experts with n_routed in words, and in bfloat16
-    how many examples' top-2 choice is within one rounding step per MoE layer (none: said so)."""
+    how many examples' top-2 choice is within one rounding step per MoE layer (none: said so); "at most one step
+    apart", as routing_margins counts a margin of exactly one step (review 16b B2: the words said "less than")."""
     moe = {"n_experts": 4, "expert_width": 64, "top_k": 2, "shared_width": 96}
     s = {"n_memories_per_layer": {"0": 352, "1": 128, "2": 352}, "experts_per_layer": {"0": moe, "2": moe},
          "n_task_examples": 16, "routing_dtype": "bfloat16", "routing_within_rounding": {"0": 0, "2": 3},
@@ -2757,7 +2797,7 @@ def test_mlp_finding_names_top_experts_with_their_routing_and_bfloat16_margins()
             "16 examples), layer 0's shared expert's neuron 50 (2.21, on every example) and layer 1 neuron 5 (1.1, a "
             "dense MLP).") in text
     assert ("In bfloat16, the router's top-2 choice at the answer position is within one rounding step of its logits "
-            "(the last chosen and the next logit less than one step apart) on 0 of 16 examples at layer 0 and 3 of 16 "
+            "(the last chosen and the next logit at most one step apart) on 0 of 16 examples at layer 0 and 3 of 16 "
             "examples at layer 2") in text
     none = finding("mlp", {**s, "routing_within_rounding": {"0": 0, "2": 0}})
     assert ("In bfloat16, no example's top-2 choice of experts at the answer position is within one rounding step of "
