@@ -83,8 +83,8 @@ def test_kv_runs_on_opt_and_skips_only_the_eviction_in_one_line(opt_model):
     norms; now only the eviction sweep is skipped. Bytes per token by hand: 2 layers x (K and V) x 4 KV heads x 16
     dims x 4 bytes (float32) = 1024; the first-key norm ratio from plain Hugging Face's cache."""
     from headscope.analyses.core.runner import plan_analyses
-    from headscope.reports.plots_kv import figures
     from headscope.reports.kv_words import finding
+    from headscope.reports.plots_kv import figures
 
     model, path = opt_model
     assert plan_analyses(model, ["kv"], None)["kv"].skip is None
