@@ -230,6 +230,8 @@ def load_model(
     if check_tokenizer:
         check_round_trip(tokenizer, name, chosen=chosen)
     facts = facts_from_bridge(bridge, name=name)
+    if getattr(bridge.cfg, "d_mlp", None) != facts.d_mlp:  # review 16dv A1: OPT's ffn_dim, not TL's 4 x d_model
+        bridge.cfg.d_mlp = facts.d_mlp  # model.cfg (TransformerLens habits) agrees with model.facts
     _mla_z_heads(bridge, facts)
     log.info("loaded %s from %s", name, location)
     return HookedModel(bridge, tokenizer, facts, source=location, prepend_bos=prepend_bos)

@@ -153,7 +153,9 @@ def finding(s: Mapping[str, Any]) -> str:
     full = _num(s.get("metric_unevicted"))
     budgets = s.get("metric_per_policy_budget") or {}
     hold = s.get("holding_budgets")
-    if full is not None and _chance(s) is not None:
+    if isinstance(s.get("eviction_skipped"), str):  # review 16dv B1: the cache facts above hold; only this part is skipped
+        parts.append(f"Eviction what-if not run: {s['eviction_skipped']}.")
+    elif full is not None and _chance(s) is not None:
         mean, n = _num(_chance(s).get("mean")), _num(_chance(s).get("n_examples"))
         # issue 34: the chance sentence gave it: not again. Review 14a A2: not a second value either where the eviction
         # runs' cached decode rounds differently (bfloat16: -0.167 against the whole pass's -0.173, a plain Hugging Face

@@ -11,6 +11,7 @@ whose words live in reports/kv_words.py.
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -116,10 +117,10 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
     if pd.notna(whole):
         ax.axvline(whole, color="grey", ls=":", lw=1, label=f"longest context ({int(whole)})")
     ax.set_xscale("log", base=2)
-    xlabel = "cache budget (positions kept per layer, log2)"
+    xlabel = "cache budget (positions per layer)"  # review 16dv C2: short; log2 and the units in the caption
     unit = UNITS.get(str(metric), "task metric")
-    title = "Eviction what-if over the prompts\neach budget evicts from (band: 95% t interval)"
-    ax.set(xlabel=xlabel, ylabel=f"change in {unit}\n(policy - the same prompts' full cache)",
+    title = "Eviction what-if over the prompts\neach budget evicts from"  # band: 95% t interval (the caption)
+    ax.set(xlabel=xlabel, ylabel=f"policy - full cache,\n{unit}",
            title=title + (f"\n{quiet}" if quiet else ""))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
     if len(table):  # under each budget: how many prompts it evicts anything from, of all
@@ -129,11 +130,22 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
         texts = [f"{b}\n{int(count[b])}/{n_all}" for b in grid]
         ax.set_xticks(grid, texts)
         ax.xaxis.set_minor_locator(NullLocator())
-        xlabel += "\nunder it: n, the prompts it evicts from / all"
+        xlabel += "\nunder it: evicted / all prompts"
         ax.set_xlabel(xlabel)
         ax._budget_ticks = (xlabel, texts)  # fit_budget_ticks redoes the thinning at the figure's final layout
         fit_budget_ticks(ax, layout=new_figure)
     return ax
+
+
+def balanced(parts: list[str]) -> list[str]:
+    """The words of wrapped `parts` in as many lines, as even in length as textwrap makes them (review 16dv C2: a
+    wrap to the axes' width left "log2)" or "all" alone on its last line)."""
+    text = " ".join(parts)
+    for chars in range(-(-len(text) // max(1, len(parts))), len(text) + 1):
+        even = textwrap.wrap(text, chars)
+        if len(even) <= len(parts):
+            return even
+    return parts
 
 
 def fit_budget_ticks(ax, *, layout: bool = True) -> None:
@@ -162,7 +174,7 @@ def fit_budget_ticks(ax, *, layout: bool = True) -> None:
             label.set_text(text)
             return label.get_window_extent(renderer).width
 
-        ax.set_xlabel("\n".join(part for line in lines for part in wrap_to_width(line, wide, width)))
+        ax.set_xlabel("\n".join(part for line in lines for part in balanced(wrap_to_width(line, wide, width))))
         if layout:
             fig.tight_layout()
         if not thin_xtick_labels(ax):
@@ -283,6 +295,8 @@ def figures(result, **kwargs) -> dict:
                                                       n_prompts=result.summary.get("n_examples"),
                                                       latent=result.summary.get("latent"))),
                        ("kv_sinks", lambda: plot_sinks(result.tables["sinks"]))):
+        if stem == "kv_eviction" and result.summary.get("eviction_skipped"):
+            continue  # review 16dv B1: not run (the finding says why)
         out[stem] = laid_out(draw())
         if stem == "kv_eviction":
             fit_labels(out[stem].axes[0])

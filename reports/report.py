@@ -87,9 +87,10 @@ def write_result(result: Any, folder: Path, files: dict[str, str] | None = None,
     shutil.rmtree(stage, ignore_errors=True)  # a killed run's leftover (the name is headscope's)
     stage.mkdir(parents=True)
     try:  # a write that fails (a full disk, Ctrl-C) leaves no staging folder behind
-        io.write_csv(stage / "results.csv", result.df)
+        io.write_csv(stage / "results.csv", result.df)  # always (the output contract); its columns where no rows
         for name, table in result.tables.items():
-            io.write_csv(stage / f"{name}.csv", table)
+            if len(table):  # review 16dv C1: a table with no rows (position's masks not run) is neither written nor linked
+                io.write_csv(stage / f"{name}.csv", table)
         for stem, fig in result.plot().items():
             io.write_figure(stage / f"{stem}.png", fig)
             plt.close(fig)

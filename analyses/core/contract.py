@@ -53,8 +53,8 @@ class Needs:
     continuation: it scores answers of several tokens by their whole continuation (Task.continuation:
       the metric reads the last k positions); False: it reads one next-token answer at the last position;
     what: what it does, for messages ("measures next-token answers");
-    attention_edits: it works by editing attention scores (kv eviction): skipped where TransformerLens discards such
-      edits (hooks/edits.py, review 16d A1).
+    attention_edits: it works by editing attention scores: skipped where TransformerLens discards such edits
+      (hooks/edits.py, review 16d A1); kv does not set it and skips only its eviction sweep (review 16dv B1).
     linear_readout: what of it reads the residual stream linearly into the logits ("the logit lens and direct logit
       attribution"), so it cannot run on post-LN blocks nor without a hooked final norm (models.readout: skipped,
       one line); "" where nothing does.

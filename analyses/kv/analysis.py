@@ -338,7 +338,8 @@ def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
-NEEDS = Needs(answers=True, decoder=True, what="evicts entries of a decoder's KV cache", attention_edits=True)
+# Review 16dv B1: not attention_edits: where TransformerLens discards score edits only the eviction sweep is skipped.
+NEEDS = Needs(answers=True, decoder=True, what="evicts entries of a decoder's KV cache")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -393,25 +394,21 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
 
     df (results.csv): the metric per policy, budget and example. tables: "anatomy", "norms",
     "sinks". summary: bytes per token (per layer and total), GQA saving, metric per policy and budget,
-    whether the keys are normalised before caching (keys_normalised, key_norm_record).
+    whether the keys are normalised before caching (keys_normalised, key_norm_record). Where TransformerLens
+    discards attention-score edits (OPT: hooks/edits.py) the eviction sweep alone is skipped: df has no rows and
+    summary["eviction_skipped"] says why in one line (review 16dv B1).
     """
     config = configure(KVConfig, config, config_overrides, name="kv_analysis")
     if model.facts.is_encoder:
         raise ConfigError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
-    kv_eviction.require_masking(model)  # before any work (review 16d A1)
+    skipped = kv_eviction.eviction_skipped(model)  # before any work (review 16d A1; 16dv B1: the rest still runs)
     task = default_task(model, task, config)
     anatomy = cache_anatomy(model)
     norms, per_prompt = _kv_norms(model, task.tokens, task.attention_mask)
     key_norm = key_norm_record(model, norms)
     sink_table = sink_stats(model, task.tokens, norms, n_sink=1, attention_mask=task.attention_mask)
-    sweep = kv_eviction.eviction_sweep(model, task, budgets=config.budgets, policies=config.policies,
-                                       n_sink=config.n_sink, recent_share=config.recent_share,
-                                       progress=config.progress)
-    means = sweep.groupby(["policy", "budget"]).metric.mean()
-    full = sweep[sweep.policy == "full"].metric.to_numpy(dtype=float)  # [example] the full cache's metric
-    # a log-probability's uniform guess, -log V per one-token answer (eviction_sweep reads one token): its band's far end
-    chance = -math.log(model.facts.d_vocab) if task.metric == "logprob" else None
-    accs = sweep.groupby(["policy", "budget"]).correct.mean()
+    lengths = (task.attention_mask.sum(1) if task.attention_mask is not None
+               else torch.full((len(task),), task.tokens.shape[1]))  # [batch] each prompt's real tokens
     summary = {
         "bytes_per_token": anatomy.bytes_per_token,
         "bytes_per_token_per_layer": anatomy.bytes_per_token_per_layer,
@@ -420,15 +417,42 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "n_heads": anatomy.n_heads, "n_kv_heads": anatomy.n_kv_heads,
         "latent": list(anatomy.latent) if anatomy.latent else None,  # MLA: [kv_lora_rank, qk_rope] cached per layer
         "dtype": anatomy.dtype,
-        **_context_sizes(model, anatomy, int(sweep.context.max()) + 1),
+        **_context_sizes(model, anatomy, int(lengths.max())),
         "sliding_windows": {str(k): v for k, v in anatomy.sliding_layers.items()},  # {layer: window}
+        "metric": task.metric, "n_examples": len(task),
+        # the longest prompt's real tokens (position's too): a sliding window binds, and the finding names it, only below
+        "prompt_tokens": int(lengths.max()),
+        "n_sink": config.n_sink,
+        "recent_share": config.recent_share,  # heavy hitters keep ceil(share x budget) most recent positions (H2O)
+        "context_range": [int(lengths.min()) - 1, int(lengths.max()) - 1],
+    }
+    if skipped:
+        sweep = pd.DataFrame(columns=["policy", "budget", "example", "context", "cached", "kept", "metric", "correct"])
+        summary["eviction_skipped"] = skipped
+    else:
+        sweep = kv_eviction.eviction_sweep(model, task, budgets=config.budgets, policies=config.policies,
+                                           n_sink=config.n_sink, recent_share=config.recent_share,
+                                           progress=config.progress)
+        summary.update(_eviction_summary(model, task, config, sweep))
+    summary.update(_state_summary(model, task, sink_table, per_prompt, key_norm))
+    return Result(name="kv", df=sweep, summary=summary,
+                  tables={"anatomy": anatomy_table(anatomy, config.contexts, n_ctx=model.facts.context_limit), "norms": norms,
+                          "sinks": sink_table},
+                  config={**asdict(config), "anatomy": asdict(anatomy)})
+
+
+def _eviction_summary(model, task: Task, config: KVConfig, sweep: pd.DataFrame) -> dict[str, Any]:
+    """The summary's eviction what-if keys, from the sweep (eviction.eviction_sweep)."""
+    means = sweep.groupby(["policy", "budget"]).metric.mean()
+    full = sweep[sweep.policy == "full"].metric.to_numpy(dtype=float)  # [example] the full cache's metric
+    # a log-probability's uniform guess, -log V per one-token answer (eviction_sweep reads one token): its band's far end
+    chance = -math.log(model.facts.d_vocab) if task.metric == "logprob" else None
+    accs = sweep.groupby(["policy", "budget"]).correct.mean()
+    return {
         "metric_unevicted": float(full.mean()),
         # its 95% t interval over the examples (review 14b C4: compare compares it; None for one example)
         "metric_unevicted_ci": mean_interval(full),
-        "metric": task.metric, "n_examples": len(task),
         "context_positions": int(sweep[sweep.policy == "full"].budget.max()),  # the whole prompt: no saving there
-        # the longest prompt's real tokens (position's too): a sliding window binds, and the finding names it, only below
-        "prompt_tokens": int(sweep.context.max()) + 1,
         "metric_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in means.items() if pp == p}
                                      for p in config.policies},
         "accuracy_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in accs.items() if pp == p}
@@ -436,14 +460,21 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "holding_budgets": holding_budgets(sweep, n_sink=config.n_sink,
                                            answers=None if task.answers is None else task.answers.tolist(),
                                            floor=_metric_floor(model, task.metric, sweep), chance=chance),
-        "n_sink": config.n_sink,
-        "recent_share": config.recent_share,  # heavy hitters keep ceil(share x budget) most recent positions (H2O)
         # per policy and grid budget what it keeps of a longer prompt (eviction.kept_split), and the prompts' context
-        # lengths [fewest, most]: the finding says what each policy keeps and evicts in this run's numbers
+        # lengths [fewest, most] (context_range): the finding says what each policy keeps and evicts in this run's numbers
         "kept_split": {p: {str(b): kv_eviction.kept_split(p, int(b), n_sink=config.n_sink,
                                                           recent_share=config.recent_share)
                            for b in sorted(sweep[sweep.policy == p].budget.unique())} for p in config.policies},
-        "context_range": [int(sweep.context.min()), int(sweep.context.max())],
+        # review 16c B2: a position bias on the scores (ALiBi): the eviction runs keep each kept key's distance in
+        # the full prompt (keys hidden from the last query), where a deployed cache may re-count the kept keys
+        **({"position_bias": "alibi"} if model.facts.positional == "alibi" else {}),
+    }
+
+
+def _state_summary(model, task: Task, sink_table: pd.DataFrame, per_prompt: pd.DataFrame,
+                   key_norm: dict[str, Any] | None) -> dict[str, Any]:
+    """The summary's keys on what the cache holds: sinks, first-key norm ratios, key normalisation."""
+    return {
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),
         "sink_baseline": "alibi" if alibi_slopes(model) is not None else "uniform",  # what "uniform" records hold
@@ -454,17 +485,10 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         # keys normalised before caching (a k_norm in every layer): their norms are fixed, the ratio above shows no sink
         "keys_normalised": key_norm is not None and len(key_norm["layers"]) == model.facts.n_layers,
         "key_norm": key_norm,
-        # review 16c B2: a position bias on the scores (ALiBi): the eviction runs keep each kept key's distance in
-        # the full prompt (keys hidden from the last query), where a deployed cache may re-count the kept keys
-        **({"position_bias": "alibi"} if model.facts.positional == "alibi" else {}),
         "task": task.name,
         # review 10b A1: the first key is a BOS headscope put in front (the tokenizer adds none), on every row
         "first_token_added_bos": _added_bos_first(model, task),
     }
-    return Result(name="kv", df=sweep, summary=summary,
-                  tables={"anatomy": anatomy_table(anatomy, config.contexts, n_ctx=model.facts.context_limit), "norms": norms,
-                          "sinks": sink_table},
-                  config={**asdict(config), "anatomy": asdict(anatomy)})
 
 
 def run(model, task: Task | str | None = None, config: KVConfig | None = None) -> Result:

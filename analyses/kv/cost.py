@@ -20,9 +20,11 @@ def decodes_alone(model, n_pos: int) -> bool:
 
 
 def estimate(model, task, config) -> Cost:
-    from headscope.analyses.kv.eviction import default_budgets
+    from headscope.analyses.kv.eviction import default_budgets, eviction_skipped
 
     n, n_pos = n_rows(task, config, FULL, QUICK), task_length(task, model)
+    if eviction_skipped(model):  # review 16dv B1: no sweep where score edits are discarded
+        return Cost(parts={"states": 4 * n}, n_pos=n_pos)
     budgets = config.budgets or default_budgets(max(1, n_pos - 1))
     runs = 1 + len(config.policies) * len(budgets)
     per_run = min(1.0, STEP_POSITIONS / max(1, n_pos)) if decodes_alone(model, n_pos) else 1.0

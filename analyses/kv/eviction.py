@@ -57,7 +57,7 @@ from headscope.analyses.core.contract import one_token_answers
 from headscope.analyses.core.metrics import accuracy, task_metric
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
-from headscope.hooks.edits import require_edits
+from headscope.hooks.edits import edits_discarded, require_edits
 from headscope.hooks.kv_states import cached_forward, holds_prefix, prefill, prefix_cache
 from headscope.models.hooked_model import layer_windows, left_padding_starts, visible_keys
 
@@ -168,6 +168,13 @@ def require_masking(model) -> None:
     """UnsupportedModelError in one line where TransformerLens discards hook_attn_scores edits (OPT, GPT-J, ...:
     hooks/edits.py): the mask would evict nothing and every policy would equal the full cache (review 16d A1)."""
     require_edits(model, "the kv eviction what-if (a mask on the answer query's attention scores)")
+
+
+def eviction_skipped(model) -> str | None:
+    """Review 16dv B1: the one line kv_analysis records (summary["eviction_skipped"]) where TransformerLens discards
+    hook_attn_scores edits, so only the eviction sweep is skipped; None where the mask takes effect."""
+    why = edits_discarded(model, "scores")
+    return f"{why}, so a mask on the answer query's attention scores would change nothing" if why else None
 
 
 def evict_hooks(model, keep: torch.Tensor) -> list:

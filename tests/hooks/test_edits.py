@@ -76,11 +76,36 @@ def test_kv_eviction_refuses_on_opt_in_one_line(opt_model):
         eviction_sweep(model, pair_task(), budgets=[1])
     assert str(err.value) == (f"{OPT_SCORES}, so the kv eviction what-if (a mask on the answer query's attention "
                               "scores) cannot run on this model (it would change nothing).")
-    from headscope.analyses.core.runner import plan_analyses
 
-    plan = plan_analyses(model, ["kv"], None)["kv"]
-    assert plan.skip == (f"{OPT_SCORES}, so this analysis, which evicts entries of a decoder's KV cache by masking "
-                         "attention scores, would change nothing")
+
+def test_kv_runs_on_opt_and_skips_only_the_eviction_in_one_line(opt_model):
+    """Review 16dv B1: the whole kv analysis was refused on OPT (plan.skip), losing its cache size, sinks and key
+    norms; now only the eviction sweep is skipped. Bytes per token by hand: 2 layers x (K and V) x 4 KV heads x 16
+    dims x 4 bytes (float32) = 1024; the first-key norm ratio from plain Hugging Face's cache."""
+    from headscope.analyses.core.runner import plan_analyses
+    from headscope.reports.kv_words import finding
+    from headscope.reports.plots_kv import figures
+
+    model, path = opt_model
+    assert plan_analyses(model, ["kv"], None)["kv"].skip is None
+    task = pair_task(n=3, n_pos=8)
+    result = hs.kv_analysis(model, task)
+    s = result.summary
+    assert s["bytes_per_token"] == 2 * 2 * 4 * 16 * 4 == 1024
+    line = f"{OPT_SCORES}, so a mask on the answer query's attention scores would change nothing"
+    assert s["eviction_skipped"] == line
+    assert len(result.df) == 0 and "holding_budgets" not in s
+    hf = OPTForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        cache = hf(task.tokens, use_cache=True).past_key_values
+    for layer in range(2):
+        keys = (cache.layers[layer].keys if hasattr(cache, "layers") else cache[layer][0]).norm(dim=-1)  # [b, h, pos]
+        want = (keys[:, :, :1].mean((1, 2)) / keys[:, :, 1:].mean((1, 2))).mean()
+        assert s["key_norm_ratios"][layer]["ratio"] == pytest.approx(float(want), rel=1e-4)
+    said = finding(s)
+    assert said.count("Eviction what-if not run") == 1 and said.endswith(f"Eviction what-if not run: {line}.")
+    assert "1 KiB" in said or "1.0 KiB" in said
+    assert set(figures(result)) == {"kv_norms", "kv_sinks"}
 
 
 def test_pattern_patching_refuses_on_opt_not_zero(opt_model, tiny_models):

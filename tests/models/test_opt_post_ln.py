@@ -68,6 +68,8 @@ def test_facts_read_d_mlp_from_the_weights_and_record_post_ln(opt):
         assert model.facts.post_ln is (kind == "post")
         assert model.facts.d_embed == D_EMBED == hf.model.decoder.project_in.in_features
         assert hs.mlp_memories(model, 0).values.shape == (FFN, D_MODEL)
+        # review 16dv A1: model.cfg (TransformerLens habits) said 4 x d_model = 128; now fc1's width as facts
+        assert model.cfg.d_mlp == FFN != 4 * D_MODEL
 
 
 def test_unembedding_goes_through_project_out(opt):

@@ -900,7 +900,7 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
                             for p, b in (("full", 8), ("window", 1), ("window", 4)) for e, c in enumerate((2, 6, 8))])
         ticks = plot_eviction(ctx, metric="logit_diff", ax=plt.subplots()[1])
         assert [t.get_text() for t in ticks.get_xticklabels()] == ["1\n3/3", "4\n2/3"]
-        assert ticks.get_xlabel().endswith("under it: n, the prompts it evicts from / all")
+        assert ticks.get_xlabel().endswith("under it: evicted / all prompts")
     finally:
         plt.close("all")
 
@@ -931,7 +931,7 @@ def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
         ys = band.get_paths()[0].vertices[:, 1]
         assert min(ys) == pytest.approx(ci.low) and max(ys) == pytest.approx(ci.high)
         assert [t.get_text() for t in ax.get_xticklabels()] == ["2\n4/4", "8\n2/4", "12\n0/4"]
-        assert "the prompts it evicts from" in ax.get_xlabel() and "the same prompts' full cache" in ax.get_ylabel()
+        assert "evicted / all prompts" in ax.get_xlabel() and "policy - full cache" in ax.get_ylabel()
         zero = [li for li in ax.get_lines() if li.get_label() == "full cache (the same prompts)"]
         assert len(zero) == 1 and list(zero[0].get_ydata()) == [0, 0]
     finally:
@@ -1031,6 +1031,34 @@ def test_kv_eviction_ticks_and_legend_stay_clear_at_the_reports_layout(monkeypat
         legend, xlabel = ax.get_legend().get_window_extent(renderer), ax.xaxis.label.get_window_extent(renderer)
         assert not legend.overlaps(xlabel)
         assert xlabel.x1 <= ax.get_window_extent(renderer).x1 + 0.5  # every x label line within the axes' width
+    finally:
+        plt.close("all")
+
+
+def test_kv_eviction_labels_leave_no_word_alone_and_the_x_label_two_lines(monkeypatch):
+    """Review 16dv C2: at the report's layout (plot_result; the legend outside narrows the axes) the x label wrapped
+    to five lines with "log2)" and "all" alone on theirs, the title's last line was "interval)". On OPT's sweep shape
+    (16 prompts of contexts 8..44, budgets 1..32 and 45) every line of the title and both axis labels holds two words
+    or more and the x label is two lines, plus one naming the blanked tick."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports import plots_kv
+    from headscope.reports.plots import plot_result
+
+    contexts = [8 + (36 * e) // 15 for e in range(16)]
+    budgets = (1, 2, 4, 8, 16, 32)
+    rows = [{"policy": "full", "budget": 45, "example": e, "context": c, "metric": 10.0 + e} for e, c in enumerate(contexts)]
+    rows += [{"policy": p, "budget": b, "example": e, "context": c, "metric": 10.0 - b / 8 + e}
+             for p in ("heavy_hitters", "sink_window", "window") for b in budgets + (45,) for e, c in enumerate(contexts)]
+    result = Result(name="kv", df=pd.DataFrame(rows), tables={"norms": pd.DataFrame(), "sinks": pd.DataFrame()},
+                    summary={"metric": "logit_diff", "dtype": "float32", "recent_share": 0.5})
+    monkeypatch.setattr(plots_kv, "plot_norms", lambda *a, **k: plt.subplots()[1])
+    monkeypatch.setattr(plots_kv, "plot_sinks", lambda *a, **k: plt.subplots()[1])
+    try:
+        [ax] = plot_result(result)["kv_eviction"].axes
+        assert ax.get_xlabel() == ("cache budget (positions per layer)\nunder it: evicted / all prompts\n"
+                                   "unlabelled ticks: 45 (0/16)")  # the blanked tick's own line (too close to 32)
+        for text in (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()):
+            assert all(len(line.split()) >= 2 for line in text.split("\n")), text
     finally:
         plt.close("all")
 

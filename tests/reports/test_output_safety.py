@@ -499,6 +499,19 @@ def test_write_result_over_an_existing_analysis_folder_keeps_the_users_files(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kv"]
 
 
+def test_write_result_leaves_out_tables_without_rows(tmp_path):
+    """Review 16dv C1: position's masked.csv was written as one blank line (1 byte) when the masks were not run, and
+    the section linked it; a table with no rows (or none at all) is now neither written nor listed (results.csv,
+    the output contract's, is always written)."""
+    folder = tmp_path / "position"
+    result = SimpleNamespace(df=pd.DataFrame(columns=["x"]), tables={"masked": pd.DataFrame(), "curve": pd.DataFrame(
+        {"x": [2]}), "none": pd.DataFrame(columns=["a", "b"])}, summary={"a": 1}, plot=lambda: {})
+    hashes = report_mod.write_result(result, folder)
+    assert sorted(hashes) == ["curve.csv", "results.csv", "summary.json"]
+    assert sorted(p.name for p in folder.iterdir()) == ["curve.csv", "results.csv", "summary.json"]
+    assert (folder / "results.csv").read_text() == "x\n"  # results.csv always, with its header (the output contract)
+
+
 # ---- --resume: the same settings, and every finished analysis in the report (issue #20 item 3) ------------
 def kv_task(path: Path, rows: int = 3) -> Path:
     path.write_text("".join(json.dumps({"prompt": f"k0{i} v0{i} ; k0{i}", "answer": f"v0{i}"}) + "\n" for i in range(rows)))
