@@ -121,6 +121,17 @@ def test_kv_sizes_the_cache_at_the_longest_prompt_not_an_invented_context(bloom)
         "has no fixed context (ALiBi positions, no maximum length in its config), so no full-context size.")
 
 
+def test_the_kv_section_guide_sizes_a_model_without_a_fixed_context_at_the_longest_prompt():
+    """Review 16cv C2: the kv section's intro said "bytes per token and at full context" on BLOOM, which has none."""
+    from headscope.reports.html_report import _guide
+
+    alibi = {"no_fixed_context": "alibi", "bytes_at_n_ctx": None, "n_ctx": None, "bytes_at_longest_prompt": 70656}
+    assert _guide("kv", alibi).startswith("The KV cache: bytes per token and at the longest prompt run, what grouped-")
+    assert "full context" not in _guide("kv", alibi)
+    fixed = {"bytes_at_n_ctx": 4718592, "n_ctx": 2048}
+    assert _guide("kv", fixed).startswith("The KV cache: bytes per token and at full context, what grouped-query")
+
+
 def test_the_sink_sentence_names_alibis_baseline():
     """Review 16c B1: the multiple is of what ALiBi's bias alone gives, named, with the uniform share beside it."""
     from headscope.reports.findings import sink_sentence
