@@ -235,6 +235,14 @@ def _layers_note(label: str, ra: dict, rb: dict, value: str, unit: str, differ: 
             f"{listed(kinds['within'])} ({n})."]
 
 
+def _sink_baseline_words(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
+    """The share each run's sink verdict is judged against (its summary's sink_baseline; review 16cv B1): ALiBi's
+    bias alone on an ALiBi model, else the uniform share; each named where the runs differ."""
+    words = {"alibi": "the share ALiBi's position bias alone gives", "uniform": "the uniform share"}
+    a, b = (words["alibi" if s.get("sink_baseline") == "alibi" else "uniform"] for s in (sa, sb))
+    return a if a == b else f"each run's own baseline (A {a}, B {b})"
+
+
 def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", name: str = "kv") -> list[str]:
     """Review 14b-v C2: the attention on the first token(s) per layer that the kv and position findings state
     (findings.sink_sentence: mean over prompts or examples with its 95% t interval) compared layer by layer by those
@@ -265,7 +273,7 @@ def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", na
     notes = _layers_note(label, ra, rb, "mass", unit, "")
     sinks = [[layer for layer, r in rows.items() if r.get("sink")] for rows in (ra, rb)]
     words = [f"layer{'s' * (len(x) > 1)} {', '.join(map(str, sorted(x)))}" if x else "none" for x in sinks]
-    rule = f"at least {SINK_RATIO:g}x the uniform share, its excess 95%-CI above 0"
+    rule = f"at least {SINK_RATIO:g}x {_sink_baseline_words(sa, sb)}, its excess 95%-CI above 0"
     ratio = [", ".join(f"layer {k} {beside(r['ratio'], SINK_RATIO)}x" for k, r in sorted(rows.items())
                        if _number(r.get("ratio"))) for rows in (ra, rb)]
     if words[0] == words[1]:

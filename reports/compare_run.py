@@ -364,13 +364,28 @@ def same_rows(a: Run, b: Run, name: str) -> bool:
 MEASURED_ROUNDING = {("heads", "unpruned"): "noise_floor"}  # (analysis, word of its headline): its rounding's summary key
 
 
-def settings_apart(a: Run, b: Run, name: str) -> str:
+def feeding_settings(name: str, label: str) -> frozenset[str] | None:
+    """The settings of analysis `name` that the number compare labels `label` depends on (review 16cv B3: a saliency
+    tau does not use the permutations); None where not known here: every setting counts."""
+    if name != "attribution":
+        return None
+    if "permutation" in label:
+        return frozenset({"n_permutations"})
+    if "adversarial" in label:
+        return frozenset({"adversarial_steps", "adversarial_epsilon"})
+    if "Kendall tau" in label:  # IG's tau follows its steps; saliency, gradient x input and leave-one-out use none
+        return frozenset({"n_steps", "ig_max_steps"} if "integrated gradients" in label else ())
+    return None
+
+
+def settings_apart(a: Run, b: Run, name: str, only: frozenset[str] | None = None) -> str:
     """The settings analysis `name` ran with that differ between A and B as their budgets left them ('n_permutations A
     20, B 10'; '' where none differs): a budget change is recorded as {setting: [preset, used]}, and a setting one run
-    did not change ran at the other's preset (review 16c C1)."""
+    did not change ran at the other's preset (review 16c C1). only: just these settings (feeding_settings)."""
     changed = [((r.provenance(name) or {}).get("budget_changed") or {}) for r in (a, b)]
     out = []
-    for key in sorted(set(changed[0]) | set(changed[1])):
+    keys = set(changed[0]) | set(changed[1])
+    for key in sorted(keys if only is None else keys & only):
         pair = [c.get(key) if isinstance(c.get(key), (list, tuple)) and len(c.get(key)) == 2 else None for c in changed]
         preset = next((p[0] for p in pair if p is not None), None)
         used = [preset if p is None else p[1] for p in pair]
@@ -390,7 +405,7 @@ def precision_verdict(a: Run, b: Run, name: str, va: float, vb: float, label: st
         return None
     low = dtype_of((a, b)[sides[1]])
     dtypes = f"A {dtype_of(a)}, B {dtype_of(b)}"
-    if apart := settings_apart(a, b, name):  # review 16c C1: B's budget cut its permutations from 20 to 10
+    if apart := settings_apart(a, b, name, feeding_settings(name, label)):  # review 16c C1; 16cv B3: the ones it uses
         return (f" (not a rounding difference alone: one model on the same examples in two dtypes ({dtypes}), but the "
                 f"two runs' {name} settings differ ({apart}), so |B - A| = {abs(vb - va):.3g} is {low}'s rounding and "
                 "the settings together, which neither run measures apart; the examples' sampling intervals do not "

@@ -39,6 +39,7 @@ class Presentation:
     figures: Callable[..., dict]  # figures(result, **kwargs) -> {figure stem: Figure}
     chance_sentence: Callable[..., str] | None = None  # (chance entry, summary) -> the opening at chance, if its own
     caption_for: Callable[[str, Mapping[str, Any] | None], str | None] | None = None  # a summary's own caption of a stem
+    guide_for: Callable[[Mapping[str, Any]], str] | None = None  # a summary's own guide, where the run changes it
 
 
 def names() -> tuple[str, ...]:
@@ -77,7 +78,7 @@ def presentation(name: str) -> Presentation | None:
     return Presentation(name=name, finding=module.finding, guide=module.GUIDE, captions=module.CAPTIONS,
                         prefix_captions=getattr(module, "PREFIX_CAPTIONS", {}), figures=module.figures,
                         chance_sentence=getattr(module, "chance_sentence", None),
-                        caption_for=getattr(module, "caption_for", None))
+                        caption_for=getattr(module, "caption_for", None), guide_for=getattr(module, "guide_for", None))
 
 
 def presentations() -> dict[str, Presentation]:

@@ -493,8 +493,9 @@ def beside(value: float, threshold: float, digits: int = 1) -> str:
 
 
 def _uniform_words(rows: Any) -> str:
-    """The uniform share beside an ALiBi baseline, where the records carry it ("flat"), else 'more'."""
-    flat = [_num(r.get("flat")) for r in rows]
+    """The uniform share beside an ALiBi baseline, where the records carry it ("uniform_share"), else 'more'."""
+    from headscope.analyses.position.sinks import record_shares
+    flat = [_num(record_shares(r)[1]) for r in rows]
     if any(v is None for v in flat) or not flat:
         return "more"
     lo, hi = min(flat), max(flat)
@@ -510,11 +511,11 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
     of more than 6 layers: the sink layers in full, the others as a range. windowed: the sliding-window
     layers, whose mass averages only the queries that see the first token (kv's sink_stats). what: the sink
     tokens in words ("[CLS] (the first token)"), else "the first n_sink token(s)". baseline: the summary's
-    sink_baseline; "alibi": the records' "uniform" is what ALiBi's bias alone gives (review 16c B1), named so."""
+    sink_baseline; "alibi": the records' "baseline" is what ALiBi's bias alone gives (review 16c B1), named so."""
     rows = [r for r in records or [] if isinstance(r, Mapping) and _num(r.get("mass")) is not None]
     if not rows:
         return ""
-    from headscope.analyses.position.sinks import SINK_RATIO
+    from headscope.analyses.position.sinks import SINK_RATIO, record_shares
 
     def one(r: Mapping[str, Any]) -> str:
         ci = r.get("ci")
@@ -522,7 +523,7 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
         return f"layer {r['layer']} {r['mass']:.2f}{band} ({beside(r['ratio'], SINK_RATIO)}x)"
 
     sinks = [r for r in rows if r.get("sink")]
-    uniform = [r["uniform"] for r in rows]
+    uniform = [record_shares(r)[0] for r in rows]
     base = f"{min(uniform):.2f}" if max(uniform) - min(uniform) < 0.005 else f"{min(uniform):.2f}-{max(uniform):.2f}"
     where = f"On {task} prompts, a" if task else "A"
     n = rows[0].get("n")

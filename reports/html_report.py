@@ -59,12 +59,15 @@ figcaption{font-size:.85em;color:#444}details{margin:.3em 0}summary{cursor:point
 HTML_ROWS = 100  # rows of each CSV inline (scrollable past about 20); the whole table is the linked CSV
 
 
-def _guide(name: str) -> str:
-    """How to read analysis `name`'s section (its presentation's guide; "" for an unknown folder)."""
+def _guide(name: str, summary: Mapping[str, Any] | None = None) -> str:
+    """How to read analysis `name`'s section (its presentation's guide, the run's own where it has guide_for and a
+    summary; "" for an unknown folder)."""
     from headscope.reports.families import presentation
 
     shown = presentation(name)
-    return shown.guide if shown is not None else ""
+    if shown is None:
+        return ""
+    return shown.guide_for(summary) if shown.guide_for is not None and summary is not None else shown.guide
 
 
 def _headline(summary: Mapping[str, Any], n: int = 4) -> str:
@@ -234,6 +237,7 @@ def _section(out: Path, name: str, status: str, used: str = "",
         msg = escape(status or "not run")
         return head + f'<p class="{kind}">{msg}</p>', f"## {name}\n\n{md_escape(status or 'not run')}\n", status
     summary = io.read_json(folder / "summary.json")
+    head = f'<h2 id="{escape(name)}">{escape(name)}</h2><p class="guide">{escape(_guide(name, summary))}</p>'
     text = finding(name, summary)
     if isinstance(summary.get("chance"), Mapping) and summary["chance"].get("undetermined") is True:
         others = {p.parent.name: io.read_json(p) for p in sorted(out.glob("*/summary.json")) if p.parent.name != name}
@@ -245,7 +249,7 @@ def _section(out: Path, name: str, status: str, used: str = "",
     record = section_provenance(folder, used, speeds)
     parts = [head, provenance_html(record), _finding_html(text), _figures_html(folder, summary),
              _tables_html(folder, summary)]
-    md = [f"## {name}", "", _guide(name), "", provenance_markdown(record),
+    md = [f"## {name}", "", _guide(name, summary), "", provenance_markdown(record),
           md_escape(text), "", summary_markdown(summary), ""]
     md += _figures_markdown(folder, name, summary)
     md += [f"- [{csv.name}]({name}/{csv.name})" for csv in sorted(folder.glob("*.csv"))]

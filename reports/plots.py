@@ -55,8 +55,10 @@ def laid_out(ax: Any) -> Any:
 def wrap_to_width(line: str, wide: Callable[[str], float], width: float, least: int = 10, **wrap: Any) -> list[str]:
     """`line` re-wrapped (textwrap, with `wrap`'s options) until no part is wider than `width` as `wide` measures it:
     each try at fewer characters a line, scaled by how far the widest part overshoots, never under `least` (a part
-    that still overshoots there stays); [line] where it fits. fit_title, fit_labels and plots_patching's
+    that still overshoots there stays); [line] where it fits. A word is never broken (review 16cv C1: "clean-corrupt /
+    ed gap"): one wider than `width` stays whole on its line. fit_title, fit_labels and plots_patching's
     fit_axis_labels wrap by it."""
+    wrap.setdefault("break_long_words", False)
     chars, parts = len(line), [line]
     while chars > least and any(wide(p) > width for p in parts):
         chars = min(chars - 1, int(chars * width / max(wide(p) for p in parts)))

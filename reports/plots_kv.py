@@ -312,6 +312,16 @@ GUIDE = (  # how to read this section of the report
     "says), and how the metric holds up when the cache keeps only sinks plus a recent window, a window alone, or heavy "
     "hitters as H2O keeps them (a recent window of half the budget plus the most attended of the older positions)."
 )
+
+
+def guide_for(summary: Mapping[str, Any]) -> str:
+    """The guide for this run: a model without a fixed context (ALiBi; summary no_fixed_context, no full-context size)
+    is sized at the longest prompt run, so the guide says that, not "at full context" (review 16cv C2)."""
+    if summary.get("no_fixed_context") and summary.get("bytes_at_n_ctx") is None:
+        return GUIDE.replace("at full context", "at the longest prompt run", 1)
+    return GUIDE
+
+
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "kv_eviction": "What the finding states: per eviction policy, the change of the task metric at the answer over the "
                    "prompts each budget evicts anything from, against those same prompts' own full cache (y: mean of "

@@ -263,7 +263,7 @@ def finding(s: Mapping[str, Any]) -> str:
         said = no_gold_sentence(s, metric)
         parts += [said] if said else []
     sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
-    base = _num(s.get("sink_uniform_baseline"))
+    base = _num(s.get("sink_baseline_share", s.get("sink_uniform_baseline")))  # old runs: the old name
     binding, loose = windows_that_bind(s)
     shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples",
                            what=s.get("sink_label"), windowed=binding, baseline=s.get("sink_baseline"))

@@ -288,10 +288,11 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
         k = keys[keys.layer == layer]
         first, rest = k[k.position < n_sink].norm.mean(), k[k.position >= n_sink].norm.mean()
         ci, excess = entry["ci"] or [float("nan")] * 2, entry["excess_ci"] or [float("nan")] * 2
-        rows.append({"layer": layer, "sink_mass": entry["mass"], "uniform_mass": entry["uniform"],
+        rows.append({"layer": layer, "sink_mass": entry["mass"], "uniform_mass": entry["baseline"],
                      "ci_low": ci[0], "ci_high": ci[1], "excess_ci_low": excess[0], "excess_ci_high": excess[1],
                      "ratio": entry["ratio"], "n_prompts": entry["n"], "sink": entry["sink"],
-                     "sink_key_norm_ratio": first / rest, **({"flat_mass": entry["flat"]} if "flat" in entry else {})})
+                     "sink_key_norm_ratio": first / rest,
+                     **({"flat_mass": entry["uniform_share"]} if "uniform_share" in entry else {})})
     return pd.DataFrame(rows)
 
 
@@ -331,10 +332,10 @@ def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
     def pair(lo: float, hi: float) -> list[float] | None:
         return None if pd.isna(lo) or pd.isna(hi) else [float(lo), float(hi)]
 
-    return [{"layer": int(r.layer), "mass": float(r.sink_mass), "uniform": float(r.uniform_mass),
+    return [{"layer": int(r.layer), "mass": float(r.sink_mass), "baseline": float(r.uniform_mass),
              "ci": pair(r.ci_low, r.ci_high), "excess_ci": pair(r.excess_ci_low, r.excess_ci_high),
              "ratio": float(r.ratio), "n": int(r.n_prompts), "sink": bool(r.sink),
-             **({"flat": float(r.flat_mass)} if "flat_mass" in table else {})} for r in table.itertuples()]
+             **({"uniform_share": float(r.flat_mass)} if "flat_mass" in table else {})} for r in table.itertuples()]
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
@@ -477,7 +478,7 @@ def _state_summary(model, task: Task, sink_table: pd.DataFrame, per_prompt: pd.D
     return {
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),
-        "sink_baseline": "alibi" if alibi_slopes(model) is not None else "uniform",  # what "uniform" records hold
+        "sink_baseline": "alibi" if alibi_slopes(model) is not None else "uniform",  # what "baseline" records hold
         # NaN (null) where the layer's cache no longer holds the first key (a sliding window past it)
         "sink_key_norm_ratio_per_layer": {str(r.layer): float(r.sink_key_norm_ratio) for r in sink_table.itertuples()},
         # each prompt's ratio, per layer its mean over the prompts with a 95% t interval and n (what the finding states)

@@ -23,9 +23,9 @@ n (examples), n_rows, p_corr, p_corr_holm, p_mass, p_mass_holm, retrieval; stats
 over examples: the rows of one example are not independent), "no_gold" (one row per example: its
 no-gold prompt's metrics), "baseline" (metric, mean, ci_low, ci_high, n, interval: the no-gold baseline).
 summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
-slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline (on a sliding-window layer, both over
+slots / max of the two ends), sink_mass_per_layer, sink_baseline_share (on a sliding-window layer, both over
 the queries whose window holds the first token: sinks.sink_rows; on ALiBi what its bias alone gives, sink_baseline
-"alibi"), sliding_windows ({layer: window}; decoders),
+"alibi", else the uniform share, "uniform"), sliding_windows ({layer: window}; decoders),
 prompt_tokens (the longest prompt's tokens: a window binds, and the finding names its layer, only when shorter),
 gold_masked (decoders with a sliding window: per layer the gold positions whose span the answer query does not see,
 hidden, or sees only in part, partial: gold_masked), retrieval_heads (the heads
@@ -453,7 +453,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     per_layer = layer_sinks(torch.stack([o.sink_mass.double().mean((0, 2)) for o in outs]),  # [examples, layer]
                             uniform, flat)  # over examples, the kv analysis's sink criterion
     sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer,
-                          "baseline": [e["uniform"] for e in per_layer],
+                          "baseline": [e["baseline"] for e in per_layer],
                           "ci_low": [(e["ci"] or [math.nan])[0] for e in per_layer],
                           "ci_high": [(e["ci"] or [math.nan, math.nan])[1] for e in per_layer],
                           "ratio": [e["ratio"] for e in per_layer], "sink": [e["sink"] for e in per_layer]})
@@ -469,7 +469,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         **_curve_summary(curve_df, encoder),
         **no_gold_summary(no_gold_base, curve_df),
         "sink_mass_per_layer": sink_by_layer,
-        "sink_uniform_baseline": baseline,
+        "sink_baseline_share": baseline,
         "sink_baseline": "alibi" if slopes is not None and not encoder else "uniform",  # what that baseline is
         "sinks": per_layer,
         "n_sink": n_sink,

@@ -15,7 +15,7 @@ hook_pattern and dividing each row by its new sum).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -130,10 +130,11 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor, flat: torch.Tensor | 
     query rows) mass on the sinks; uniform [examples] (every layer alike) or [examples, layer] (each
     layer's own mask, e.g. sliding windows): uniform_baseline of each example's length.
 
-    Returns per layer {"layer", "mass", "uniform" (means), "ci" (95% t interval of the mean mass), "excess_ci"
+    Returns per layer {"layer", "mass", "baseline" (means), "ci" (95% t interval of the mean mass), "excess_ci"
     (of the paired mean mass - uniform), "ratio" (mass / uniform), "n", "sink"}: sink = ratio >=
     SINK_RATIO and the excess's interval above 0 (n >= 2; with one example, the ratio alone). flat: where
-    `uniform` is ALiBi's baseline, the uniform share itself, shaped as uniform, recorded as "flat" for the words."""
+    `uniform` is ALiBi's baseline, the uniform share itself, shaped as uniform, recorded as "uniform_share" for the words
+    (records before review 16cv B2 named the baseline "uniform" and the uniform share "flat": record_shares reads both)."""
     mass, uniform = mass.double(), uniform.double()
     if uniform.dim() == 1:
         uniform = uniform[:, None].expand_as(mass)  # [examples, layer]
@@ -152,7 +153,12 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor, flat: torch.Tensor | 
         m, u = float(mass[:, layer].mean()), float(uniform[:, layer].mean())
         excess = interval(mass[:, layer] - uniform[:, layer])
         ratio = m / u if u > 0 else float("inf")
-        out.append({"layer": layer, "mass": m, "uniform": u, "ci": interval(mass[:, layer]), "excess_ci": excess,
+        out.append({"layer": layer, "mass": m, "baseline": u, "ci": interval(mass[:, layer]), "excess_ci": excess,
                     "ratio": ratio, "n": n, "sink": bool(ratio >= SINK_RATIO and (excess is None or excess[0] > 0)),
-                    **({} if flat is None else {"flat": float(flat[:, layer].double().mean())})})
+                    **({} if flat is None else {"uniform_share": float(flat[:, layer].double().mean())})})
     return out
+
+
+def record_shares(r: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(baseline, uniform share or None) of one sinks record, new names or old ("uniform", "flat")."""
+    return r.get("baseline", r.get("uniform")), r.get("uniform_share", r.get("flat"))

@@ -80,7 +80,7 @@ def test_the_alibi_sink_baseline_is_the_softmax_of_the_bias_alone(window):
 def test_kv_sink_mass_equals_the_alibi_baseline_when_scores_are_equal(bloom_dir, tmp_path):
     """With q and k projections zeroed every score is 0, so HF's attention is ALiBi's bias alone: the measured
     first-token mass then equals the baseline (ratio 1), which is the explicit softmax of the bias; the uniform
-    share it was judged against before (1 / (q + 1)) is recorded beside it as "flat"."""
+    share it was judged against before (1 / (q + 1)) is recorded beside it as "flat" (the summary's "uniform_share")."""
     hf = hf_model(bloom_dir)
     with torch.no_grad():
         for block in hf.transformer.h:
@@ -100,6 +100,10 @@ def test_kv_sink_mass_equals_the_alibi_baseline_when_scores_are_equal(bloom_dir,
     assert table.sink_mass.tolist() == pytest.approx([want] * 2, abs=1e-5)
     assert table.flat_mass.tolist() == pytest.approx([sum(1 / (q + 1) for q in range(1, 12)) / 11] * 2, abs=1e-12)
     assert not table.sink.any()
+    records = kv._sink_records(table)  # review 16cv B2: the summary names each share for what it holds
+    assert [r["baseline"] for r in records] == pytest.approx([want] * 2, abs=1e-12)
+    assert [r["uniform_share"] for r in records] == pytest.approx([sum(1 / (q + 1) for q in range(1, 12)) / 11] * 2)
+    assert not any("uniform" in r or "flat" in r for r in records)
 
 
 def test_kv_sizes_the_cache_at_the_longest_prompt_not_an_invented_context(bloom):
@@ -117,6 +121,17 @@ def test_kv_sizes_the_cache_at_the_longest_prompt_not_an_invented_context(bloom)
         "has no fixed context (ALiBi positions, no maximum length in its config), so no full-context size.")
 
 
+def test_the_kv_section_guide_sizes_a_model_without_a_fixed_context_at_the_longest_prompt():
+    """Review 16cv C2: the kv section's intro said "bytes per token and at full context" on BLOOM, which has none."""
+    from headscope.reports.html_report import _guide
+
+    alibi = {"no_fixed_context": "alibi", "bytes_at_n_ctx": None, "n_ctx": None, "bytes_at_longest_prompt": 70656}
+    assert _guide("kv", alibi).startswith("The KV cache: bytes per token and at the longest prompt run, what grouped-")
+    assert "full context" not in _guide("kv", alibi)
+    fixed = {"bytes_at_n_ctx": 4718592, "n_ctx": 2048}
+    assert _guide("kv", fixed).startswith("The KV cache: bytes per token and at full context, what grouped-query")
+
+
 def test_the_sink_sentence_names_alibis_baseline():
     """Review 16c B1: the multiple is of what ALiBi's bias alone gives, named, with the uniform share beside it."""
     from headscope.reports.findings import sink_sentence
@@ -130,3 +145,8 @@ def test_the_sink_sentence_names_alibis_baseline():
         "of 0.05, the share ALiBi's position bias alone gives them with every score equal (each head's slope; uniform "
         "attention would give 0.08)): layer 0 0.04 [0.03, 0.04] (0.7x), layer 1 0.17 [0.16, 0.18] (3.2x). An "
         "attention sink in layer(s) 1 (at least 1.5x that share, with its excess over it 95%-CI above 0).")
+    # review 16cv B2: records named for what they hold ("baseline", "uniform_share") read the same as old runs' names
+    renamed = [{**{k: v for k, v in r.items() if k not in ("uniform", "flat")}, "baseline": r["uniform"],
+                "uniform_share": r["flat"]} for r in records]
+    assert sink_sentence(renamed, n_sink=1, task="tools", baseline="alibi") == sink_sentence(
+        records, n_sink=1, task="tools", baseline="alibi")

@@ -357,7 +357,7 @@ def test_uniform_share_of_a_sliding_window_layer_by_hand():
     # layer 0 windowed (share 0.05), layer 1 global (share 0.125): the same mass 0.1 is a sink only in layer 0
     mass = torch.tensor([[0.10, 0.10], [0.11, 0.11], [0.09, 0.09]], dtype=torch.float64)  # [examples, layer]
     got = layer_sinks(mass, torch.tensor([[0.05, 0.125]] * 3, dtype=torch.float64))
-    assert [e["uniform"] for e in got] == pytest.approx([0.05, 0.125])
+    assert [e["baseline"] for e in got] == pytest.approx([0.05, 0.125])
     assert [e["ratio"] for e in got] == pytest.approx([2.0, 0.8]) and [e["sink"] for e in got] == [True, False]
 
 
@@ -667,7 +667,7 @@ def test_zoo_model_curve(zoo_model):
     result = position_bias(model, config=PositionConfig(n_examples=32, progress=False))
     s = result.summary
     print(json.dumps({k: s[k] for k in ("metric_per_position", "ratio_middle_to_ends", "sink_mass_per_layer",
-                                        "sink_uniform_baseline", "retrieval_heads", "streaming")}, indent=1))
+                                        "sink_baseline_share", "retrieval_heads", "streaming")}, indent=1))
     # the zoo model is trained on kv with 4..24 pairs and its card reports kv accuracy 1.0
     assert all(v >= 0.9 for v in s["metric_per_position"]["accuracy"].values())
     # StreamingLLM masks (window = 31 of 62 tokens): gold pairs 15 and 20 lie inside the window and
@@ -690,7 +690,7 @@ def test_minilm_retrieval_curve_matches_sentence_transformers():
     result = position_bias(model, config=PositionConfig(n_examples=8, n_boot=500, progress=False))
     s = result.summary
     print(json.dumps({k: s[k] for k in ("metric_per_position", "ratio_middle_to_ends", "sink_mass_per_layer",
-                                        "sink_uniform_baseline")}, indent=1))
+                                        "sink_baseline_share")}, indent=1))
     encoder = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
     for ex in range(2):
         rec = records[ex]

@@ -255,6 +255,20 @@ def test_a_dtype_pair_whose_settings_differ_is_not_called_rounding(tmp_path):
     assert "(a rounding difference, not sampling noise" in note
 
 
+def test_the_settings_caveat_covers_only_the_numbers_the_differing_setting_feeds(tmp_path):
+    """Review 16cv B3: n_permutations 20 vs 10 was cited beside the gradient x input tau, which uses no permutations:
+    that tau's gap is bfloat16's rounding alone; the permutation mean keeps the caveat."""
+    fp32, bf16, _ = _folders(tmp_path)
+    a = _run(tmp_path / "a", fp32, "float32", {**PERM, **TAU})
+    b = _run(tmp_path / "b", bf16, "bfloat16", {**PERM, **TAU, "mean_tau_attention_gradient": 0.375,
+                                                  "budget": {"changed": {"n_permutations": [20, 10]}}})
+    notes = headline_notes(a, b)
+    [tau] = [n for n in notes if "gradient x input" in n]
+    assert "(a rounding difference, not sampling noise" in tau and "settings differ" not in tau, tau
+    [perm] = [n for n in notes if "permutation test: mean change" in n]
+    assert "settings differ (n_permutations A 20, B 10)" in perm
+
+
 def _mlp_run(root, folder, dtype, others_k):
     """An mlp run on task fill: layer 1 agrees on 41 of 192 neurons, layers 0 and 2 on others_k of 384 together
     (review 16a B1's counts: 51 in float32, 52 in bfloat16)."""

@@ -232,6 +232,18 @@ def test_compare_sets_positions_first_token_attention_layer_by_layer(tmp_path):
     assert _one(notes, label).startswith(SAME + f"{label}: within noise in every layer")
     page = compare_html(a, b)
     assert html.escape(_one(notes, label).removeprefix(SAME)) in page[page.index("id='same'"):page.index("id='not-c")]
+    verdict = "position attention-sink layers (at least 1.5x the uniform share, its excess 95%-CI above 0): "
+    assert SAME + verdict + "the same verdict: A and B layer 1." in notes
+    # review 16cv B1: an ALiBi run's verdict is judged against ALiBi's share (summary sink_baseline), named so
+    a, b = _runs(tmp_path / "w", "position", {**pos, "sink_baseline": "alibi", "sinks": _sinks({0: low, 1: high})},
+                 {**pos, "sink_baseline": "alibi", "sinks": _sinks({0: low + 0.005, 1: high})})
+    assert SAME + verdict.replace("the uniform share", "the share ALiBi's position bias alone gives") + (
+        "the same verdict: A and B layer 1.") in headline_notes(a, b)
+    a, b = _runs(tmp_path / "v", "position", {**pos, "sink_baseline": "alibi", "sinks": _sinks({0: low, 1: high})},
+                 {**pos, "sinks": _sinks({0: low + 0.005, 1: high})})
+    assert SAME + verdict.replace("the uniform share", "each run's own baseline (A the share ALiBi's position bias "
+                                  "alone gives, B the uniform share)") + "the same verdict: A and B layer 1." in \
+        headline_notes(a, b)
     # another count of first tokens is another quantity
     a, b = _runs(tmp_path / "z", "position", {**pos, "sinks": _sinks({0: low})},
                  {**pos, "n_sink": 1, "sinks": _sinks({0: low})})

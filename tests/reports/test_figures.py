@@ -1520,11 +1520,12 @@ def test_wrap_to_width_narrows_by_the_overshoot_and_stops_at_ten_characters():
     # 15 characters into 10: one try at int(15 x 10 / 15) = 10 characters a line
     assert wrap_to_width("aaa bbb ccc ddd", len, 10) == ["aaa bbb", "ccc ddd"]
     assert wrap_to_width("aaa bbb", len, 10) == ["aaa bbb"]  # fits: left as it is
-    # 16 into 5: the first try is already at the floor, 10 characters, and a part that still overshoots stays
-    assert wrap_to_width("abcdefghijklmnop", len, 5) == ["abcdefghij", "klmnop"]
+    # 16 into 5: the first try is already at the floor, 10 characters; a word is never broken (review 16cv C1)
+    assert wrap_to_width("abcdefghijklmnop", len, 5) == ["abcdefghijklmnop"]
+    assert wrap_to_width("ab abcdefghijklmnop cd", len, 5) == ["ab", "abcdefghijklmnop", "cd"]
     # 21 into 12: int(21 x 12 / 21) = 12 characters, with textwrap's options (here: whether to break at hyphens)
     assert wrap_to_width("layer-by-layer effect", len, 12) == ["layer-by-", "layer effect"]
-    assert wrap_to_width("layer-by-layer effect", len, 12, break_on_hyphens=False) == ["layer-by-lay", "er effect"]
+    assert wrap_to_width("layer-by-layer effect", len, 12, break_on_hyphens=False) == ["layer-by-layer", "effect"]
 
 
 def test_patching_x_label_of_mixed_lengths_stays_within_the_map_clear_of_the_colour_bar_label():
@@ -1593,6 +1594,25 @@ def test_patching_colour_bar_label_is_never_shrunk_below_8_points():
         assert label.get_fontsize() >= 8
         assert label.get_window_extent(renderer).height <= bar.get_window_extent(renderer).height + 0.5
         assert " ".join(label.get_text().split()) == "share of the clean-corrupted gap (1 = fully restored)"
+    finally:
+        plt.close("all")
+
+
+def test_a_colour_bar_label_re_wrapped_to_a_short_bar_never_breaks_inside_a_word():
+    """Review 16cv C1: on a 3-row map (the reviewer's exact_resid_pre, 3 layers x 69 positions) the label re-wrapped
+    to its short bar read "clean-corrupt / ed gap": textwrap broke the long word. Every line is whole words."""
+    from headscope.reports.plots_patching import _fit_bar_label
+
+    text = "share of the clean-corrupted gap (1 = fully restored)"
+    fig, ax = plt.subplots(figsize=(7, 0.9), dpi=110)
+    try:
+        bar = fig.colorbar(ax.imshow(np.zeros((3, 69)), aspect="auto"), ax=ax)
+        bar.ax.set_ylabel(text)
+        fig.tight_layout()
+        _fit_bar_label(bar.ax)
+        lines = bar.ax.yaxis.label.get_text().split("\n")
+        assert len(lines) > 1 and " ".join(lines) == text  # re-wrapped only at the spaces
+        assert "clean-corrupted" in lines
     finally:
         plt.close("all")
 
