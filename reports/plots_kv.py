@@ -195,9 +195,11 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
     top = float(means.norm.max()) if len(means) else 0.0
     under = coincident({str(k): pd.Series(g.norm.to_numpy(), index=g.position.to_numpy())
                         for k, g in means.groupby("layer")}, SAME * top)  # {layer: the later layers it lies under}
+    turns = {k: i for i, k in enumerate(under)}  # hidden layers' dashes interleave: each colour shows in turn
     for colour, (layer, g) in zip(colours, means.groupby("layer")):
         muted = few[g.index]
-        hidden = dict(ls="--", lw=2.5, zorder=3) if str(layer) in under else {}  # review 16av-C2: drawn on top
+        hidden = (dict(ls=(3 * turns[str(layer)], (3, 3 * len(under))), lw=2.5, zorder=3)  # review 16av-C2: on top
+                  if str(layer) in under else {})
         if muted.any():
             ax.plot(g.position, g.norm, color=colour, lw=1, ls=":", alpha=0.4)
         ax.plot(g.position, g.norm.where(~muted), color=colour, label=str(layer), **{"lw": 1.5, **hidden})
