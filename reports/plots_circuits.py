@@ -18,7 +18,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.patches import Rectangle
 
-from headscope.analyses.circuits.analysis import ZERO
+from headscope.analyses.circuits.analysis import zero_components
 from headscope.analyses.core import chance
 from headscope.reports.circuits_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.findings import ci_pair
@@ -192,15 +192,16 @@ def _t_bar(values) -> tuple[float, float]:
     return (mean, mean) if ci is None else (ci[0], ci[1])
 
 
-def plot_dla_components(data: pd.DataFrame, *, moe: list[int] | None = None, ax=None):
+def plot_dla_components(data: pd.DataFrame, *, moe: list[int] | None = None, zero: list[str] | None = None, ax=None):
     """`data`: the dla table. DLA of the embeddings, each MLP, the attention biases and the final norm/unembedding bias
     terms (mean and 95% t interval over examples, the summary's dla_top_intervals). `moe` (the summary's moe_layers):
     those blocks' mlpN ticks read "mlpN (MoE)", a whole mixture-of-experts block (verify 11c: mlp0 and mlp2 were
-    drawn like the dense mlp1)."""
+    drawn like the dense mlp1). `zero` (the summary's dla_zero_components, 0 up to the run's rounding): a kind all
+    of whose components are in it is left out (None, an older summary: float32's rule, zero_components)."""
     ax = axes(ax, (8, 4))
+    zero = set(zero_components(data) if zero is None else zero)
     rows = data[data.kind != "head"]
-    floor = ZERO * float(rows.contribution.abs().max() or 0.0)  # float32 rounding of the largest writer
-    silent = rows.groupby("kind", sort=False).contribution.apply(lambda c: bool((c.abs() <= floor).all()))
+    silent = rows.groupby("kind", sort=False).component.apply(lambda c: bool(set(c) <= zero))
     zero = [str(k) for k, v in silent.items() if v]  # e.g. bias terms of a model without biases
     rows = rows[~rows.kind.isin(zero)]
     order = list(dict.fromkeys(rows.component))
@@ -438,8 +439,8 @@ def figures(result, **kwargs) -> dict:
             data, n_answers=s.get("lens_n_answers"), means=s.get("lens_mean_logit_diff_per_layer"),
             intervals=s.get("lens_logit_diff_ci_per_layer")).axes[0]),
         "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet)),
-        "circuits_dla_components": ("dla", lambda data: mute_drawn(plot_dla_components(data, moe=moe_layers(s)),
-                                                                   quiet)),  # review 14a C4: muted as its neighbours
+        "circuits_dla_components": ("dla", lambda data: mute_drawn(plot_dla_components(
+            data, moe=moe_layers(s), zero=s.get("dla_zero_components")), quiet)),  # review 14a C4: muted as its neighbours
         "circuits_dla_experts": ("dla_experts_mean", lambda data: experts_figure(
             data, dla=tables.get("dla"), quiet=quiet).axes[0]),
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),
@@ -525,8 +526,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                     "where the task has no wrong answers).",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
                       "y = head (MLPs at -1: after their layer's heads, at x = layer + 0.5, on sequential blocks; beside "
-                      "them, at the heads' x, on parallel blocks (GPT-NeoX, GPT-J, Phi), where each MLP reads its block's "
-                      "input, not its heads' output, as the key then says; key-value heads KV just left of and below their "
+                      "them, at the heads' x, on parallel blocks, where each MLP reads its block's input, not its heads' "
+                      "output (the key then says \"parallel blocks\"); key-value heads KV just left of and below their "
                       "layer's query heads); "
                       "nodes named as elsewhere in the report (L0H3, mlp0); width = |edge score| (estimated change "
                       "of the task metric), red positive, blue negative; "

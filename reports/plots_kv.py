@@ -181,6 +181,9 @@ def fit_budget_ticks(ax, *, layout: bool = True) -> None:
             return
 
 
+SAME = 0.005  # two layers' norm lines within this fraction of the largest norm at every position lie on each other
+
+
 def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, Any] | None = None,
                n_prompts: int | None = None, latent: Sequence[int] | None = None, ax=None):
     """Mean norm of the cached keys (or values) by position (`data`: the norms table), one line per layer
@@ -201,11 +204,17 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
     total = n_prompts or (int(means.n.max()) if "n" in means and len(means) else None)
     few = (2 * means.n < total) if total and "n" in means else pd.Series(False, index=means.index)  # review 9a B1
     colours = sns.color_palette(LAYERS, means.layer.nunique())
+    top = float(means.norm.max()) if len(means) else 0.0
+    under = coincident({str(k): pd.Series(g.norm.to_numpy(), index=g.position.to_numpy())
+                        for k, g in means.groupby("layer")}, SAME * top)  # {layer: the later layers it lies under}
+    turns = {k: i for i, k in enumerate(under)}  # hidden layers' dashes interleave: each colour shows in turn
     for colour, (layer, g) in zip(colours, means.groupby("layer")):
         muted = few[g.index]
+        hidden = (dict(ls=(3 * turns[str(layer)], (3, 3 * len(under))), lw=2.5, zorder=3)  # review 16av-C2: on top
+                  if str(layer) in under else {})
         if muted.any():
             ax.plot(g.position, g.norm, color=colour, lw=1, ls=":", alpha=0.4)
-        ax.plot(g.position, g.norm.where(~muted), color=colour, lw=1.5, label=str(layer))
+        ax.plot(g.position, g.norm.where(~muted), color=colour, label=str(layer), **{"lw": 1.5, **hidden})
     where = "position in the context (from each prompt's first token)"
     starts = means.groupby("layer").position.min()
     late = starts[starts > 0]  # a sliding-window layer's cache keeps only each prompt's last window
@@ -223,7 +232,9 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
         title = (f"Per-head {kind} norms, expanded from the cached latent (mean over heads)\n"
                  f"the cache holds one latent of {latent[0]} + {latent[1]} numbers per position, not these")
         what = f"the per-head {kind} (expanded from the latent)"
-    top = float(means.norm.max()) if len(means) else 0.0
+    if under:
+        same = sorted({int(k) for k in under} | {int(c) for v in under.values() for c in v})
+        title += f"\nlayers {int_ranges(same)} coincide (within {100 * SAME:g}% of the largest norm): dashed on top"
     if kind == "key" and isinstance(key_norm, Mapping):
         name, bounds = key_norm.get("module", "k_norm"), key_norm.get("bounds") or []
         layers = sorted(int(v) for v in key_norm.get("layers") or [])
@@ -234,7 +245,11 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
             title += f"\n{who} normalised over all KV heads together ({name}):\na key's total is bounded, one head's norm is not"
         if key_norm.get("per_head", True) and len(bounds) == 2:
             lo, hi = float(bounds[0]), max(float(bounds[1]), 1.002 * float(bounds[0]))  # a constant weight: a thin band
-            ax.axhspan(lo, hi, color="grey", alpha=0.25, lw=0, label=f"{name} allows {_span2(*bounds)}")
+            if hi - lo < 0.02 * max(hi, 1e-12):  # review 16av-C2: a band this thin does not show; a wide grey line does
+                ax.axhline(lo, color="grey", alpha=0.35, lw=8, zorder=0,
+                           label=f"{name} allows {_span2(*bounds)}\n(one value: the wide grey line)")
+            else:
+                ax.axhspan(lo, hi, color="grey", alpha=0.25, lw=0, label=f"{name} allows {_span2(*bounds)}")
             top = max(top, hi)
     ax.set(title=title, xlabel=where, ylabel=f"L2 norm of {what}")
     ax.set_ylim(0, 1.1 * top or 1.0)
@@ -346,7 +361,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                 "sliding-window layer's line starts late: its cache holds only each prompt's last window of positions. "
                 "The y axis starts at 0. On a model that normalises each head's keys before caching (a k_norm: Qwen3, "
                 "Gemma 3) their norms are set by the norm's weight, which the title says (grey band: the range the norm "
-                "allows): the lines show the normalisation, not a sink. A norm over all KV heads together (OLMo 2) "
+                "allows; a wide grey line where it allows one value): the lines show the normalisation, not a sink. "
+                "Layers whose lines lie within 0.5% of the largest norm of a later layer's at every position are drawn "
+                "dashed on top of it, and the title names them. A norm over all KV heads together (OLMo 2) "
                 "bounds a key's total over its heads, not one head's norm, so there the lines can still show a sink. "
                 "On multi-head latent attention (DeepSeek) the cache holds one latent per position; the lines are the "
                 "per-head keys expanded from it, as the title says.",

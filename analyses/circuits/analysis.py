@@ -314,15 +314,23 @@ def dla_mean(dla: pd.DataFrame) -> pd.DataFrame:
 
 
 NAMED = 3  # the writers a finding names: the paired differences among them are recorded
-ZERO = 1e-5  # a non-head component whose |contribution| stays below this fraction of the largest is 0 up to rounding
+ZERO = 1e-5  # float32's floor: a non-head component whose |contribution| stays below this fraction of the largest is 0
 
 
-def zero_components(dla: pd.DataFrame) -> list[str]:
-    """The components other than heads that are 0 up to rounding on every example (|contribution| <= ZERO of
-    the table's largest): the attention and unembedding biases of a model without biases, the remainder. They
+def zero_floor(dla: pd.DataFrame, dtype: torch.dtype = torch.float32) -> float:
+    """The size under which a component's contribution is 0 up to rounding: max(ZERO, eps(dtype)/2) of the table's
+    largest |contribution| (half a rounding step of the largest writer; float32 keeps ZERO, its decomposition's
+    own arithmetic). Review 16av-B1: in bfloat16 hook_attn_out minus the heads left 2e-4 to 4e-4 logits (a model
+    without attention biases), over 1e-5 of the largest, so attn_bias and remainder were tied writers."""
+    return max(ZERO, float(torch.finfo(dtype).eps) / 2) * float(dla.contribution.abs().max() or 0.0)
+
+
+def zero_components(dla: pd.DataFrame, dtype: torch.dtype = torch.float32) -> list[str]:
+    """The components other than heads that are 0 up to rounding on every example (|contribution| <= zero_floor in
+    `dtype`, the run's): the attention and unembedding biases of a model without biases, the remainder. They
     are not writers, so they are not ranked or tied (review 13b C3: "tied with ... 4 attn_bias, 1 remainder,
-    1 unembed_bias" on Gemma 2); the components figure leaves them out by the same rule."""
-    floor = ZERO * float(dla.contribution.abs().max() or 0.0)
+    1 unembed_bias" on Gemma 2); the components figure leaves them out (summary dla_zero_components)."""
+    floor = zero_floor(dla, dtype)
     rows = dla[dla.kind != "head"]
     silent = rows.groupby("component", sort=False).contribution.apply(lambda c: bool((c.abs() <= floor).all()))
     return [str(c) for c, v in silent.items() if v]
@@ -445,7 +453,8 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
             f"some scaling of the residual stream or the logits is not in the decomposition, so its numbers are "
             f"not the model's."), stacklevel=2)
     ranked = mean.reindex(mean.contribution.abs().sort_values(ascending=False).index)
-    ranked = ranked[~ranked.component.isin(zero_components(dla))]  # not writers: never ranked or tied
+    zero = zero_components(dla, dtype)
+    ranked = ranked[~ranked.component.isin(zero)]  # not writers: never ranked or tied
     heads = ranked[ranked.kind == "head"]
     intervals, differences = writer_intervals(dla, list(ranked.component.head(top_k)))
     return {
@@ -455,6 +464,7 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
         "dla_top_differences": differences,
         "dla_top_heads": {r.component: float(r.contribution) for r in heads.head(top_k).itertuples()},
         "dla_last_named_ties": within_interval(ranked, intervals, list(ranked.component.head(min(NAMED, top_k)))),
+        "dla_zero_components": zero,  # 0 up to `dtype` rounding on every example: not ranked, not drawn
         "dla_total_heads": _total(dla, "head"),
         "dla_total_mlps": _total(dla, "mlp"),
         "dla_sum_components": float(writers.mean()),

@@ -3392,3 +3392,49 @@ def test_l0_legend_says_where_the_test_time_gates_cross_sits_inside_the_kept_hea
         assert apart > radius and said[1] == "test-time gates" and not any("inside the circle" in t for t in said)
     finally:
         plt.close("all")
+
+
+def test_bf16_rounding_components_leave_the_dla_figure_and_the_graph_caption_names_no_families():
+    """Review 16av-B1: bfloat16 attn_bias and remainder rows of 2e-4 to 4e-4 (no attention bias; the summary's
+    dla_zero_components, bf16's floor 2^-8 of the largest) were drawn as zero bars with legend entries; the figure
+    follows the summary. 16av-C1: the graph caption listed "(GPT-NeoX, GPT-J, Phi)" on a Cohere report."""
+    from headscope.reports.plots_circuits import CAPTIONS, figures
+
+    dla = pd.DataFrame([{"kind": k, "component": c, "contribution": v, "example": e}
+                        for k, c, v in (("embed", "embed", 1.0), ("mlp", "mlp0", 0.5), ("attn_bias", "attn_bias0", 4e-4),
+                                        ("remainder", "remainder", -1.5e-4)) for e in range(3)])
+    try:
+        low = figures(_result("circuits", summary={"dla_zero_components": ["attn_bias0", "remainder"]}, dla=dla))
+        ax = low["circuits_dla_components"].axes[0]
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["embed", "mlp"]
+        assert "left out: attn_bias, remainder" in ax.get_title()
+        old = figures(_result("circuits", summary={}, dla=dla))["circuits_dla_components"].axes[0]  # float32's floor
+        assert [t.get_text() for t in old.get_legend().get_texts()] == ["embed", "mlp", "attn_bias", "remainder"]
+    finally:
+        plt.close("all")
+    caption = CAPTIONS["circuits_graph"]
+    assert "GPT-NeoX" not in caption and "Phi" not in caption
+    assert "on parallel blocks, where each MLP reads its block's input, not its heads' output (the key then says " \
+           "\"parallel blocks\")" in caption
+
+
+def test_kv_norms_coincident_layers_are_drawn_dashed_on_top_and_a_constant_k_norm_shows():
+    """Review 16av-C2: a random model with a per-head k_norm of weight 1 (sqrt(16) = 4): all three layers at 4.00,
+    layers 0 and 1 hidden under layer 2 and the band "k_norm allows 4.00" of zero width."""
+    from headscope.reports.plots_kv import plot_norms
+
+    norms = pd.DataFrame([{"layer": layer, "kv_head": 0, "position": p, "kind": "key", "norm": 4.0, "n_prompts": 4}
+                          for layer in (0, 1, 2) for p in range(5)])
+    key_norm = {"module": "k_norm", "per_head": True, "layers": [0, 1, 2], "bounds": [4.0, 4.0]}
+    try:
+        ax = plot_norms(norms, key_norm=key_norm, n_prompts=4, ax=plt.subplots()[1])
+        styles = {line.get_label(): line.get_linestyle() for line in ax.get_lines() if line.get_label() in "012"}
+        assert styles == {"0": "--", "1": "--", "2": "-"}  # 0 and 1 drawn over layer 2, dashed
+        assert "layers 0-2 coincide (within 0.5% of the largest norm): dashed on top" in ax.get_title()
+        wide = [line for line in ax.get_lines() if line.get_label().startswith("k_norm allows 4.00")]
+        assert len(wide) == 1 and list(wide[0].get_ydata()) == [4.0, 4.0] and wide[0].get_linewidth() >= 6
+        apart = plot_norms(norms.assign(norm=norms.layer + 1.0), ax=plt.subplots()[1])  # 1, 2, 3: all visible
+        assert "coincide" not in apart.get_title()
+        assert all(line.get_linestyle() == "-" for line in apart.get_lines())
+    finally:
+        plt.close("all")

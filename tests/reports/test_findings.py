@@ -1229,16 +1229,18 @@ def test_attribution_says_each_methods_own_n_and_why_its_tau_is_missing():
             "1, last-layer attention gives every token the same weight or there are too few tokens to rank.") in text
 
 
-def _dla_summary(values: dict) -> dict:
-    """dla_summary over a hand-made dla table: {component: (kind, [contribution per example])}."""
+def _dla_summary(values: dict, dtype=None) -> dict:
+    """dla_summary over a hand-made dla table: {component: (kind, [contribution per example])}, in `dtype`
+    (None: float32)."""
     import pandas as pd
+    import torch
 
     from headscope.analyses.circuits.analysis import dla_summary
 
     dla = pd.DataFrame([{"example": e, "component": c, "kind": k, "layer": 0, "head": None, "contribution": x}
                         for c, (k, xs) in values.items() for e, x in enumerate(xs)])
     logits = pd.DataFrame({"example": range(4), "final_logit": dla.groupby("example").contribution.sum().to_numpy()})
-    return {**dla_summary(dla, logits, "answer - wrong_answer", 5), "n_examples": 4}
+    return {**dla_summary(dla, logits, "answer - wrong_answer", 5, dtype=dtype or torch.float32), "n_examples": 4}
 
 
 def test_dla_writers_carry_intervals_and_ties_are_not_ranked():
@@ -2340,6 +2342,29 @@ def test_dla_components_zero_by_construction_are_neither_ranked_nor_tied():
     assert "tied with 1 other head within its interval (L0H3 +0.78)" in finding("circuits", s)
     assert not {"attn_bias0", "attn_bias1", "remainder", "b_U"} & set(s["dla_top_components"])
     biased = _dla_summary({**rows, "attn_bias1": ("attn_bias", [0.05] * 4)})
+    assert biased["dla_last_named_ties"]["within"] == ["L0H3", "attn_bias1"]
+
+
+def test_dla_zero_floor_follows_the_runs_dtype():
+    """Review 16av-B1 (Cohere, no attention bias, bfloat16): hook_attn_out minus the heads left attn_bias rows of
+    -1.9e-4 to +4.1e-4 and a remainder of -1.5e-4, over float32's floor (1e-5 x the largest, 5.2e-5 here), so bf16
+    said "tied with 22 components (..., 3 attn_bias, 1 remainder)". By hand: bfloat16's floor is eps/2 = 2^-8 of
+    the largest |contribution| 5.2 = 0.0203, over those rows, under a real bias of 0.05; L1H0's interval [-0.67, 2.27]
+    holds L0H3 (+0.78) and, in float32, the rounding rows."""
+    import torch
+
+    rows = {"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
+            "L1H0": ("head", [1.6, 0, 1.6, 0]), "L0H3": ("head", [0.78] * 4),
+            "attn_bias0": ("attn_bias", [-1.9e-4, 1e-4, -2e-4, 0.0]), "attn_bias1": ("attn_bias", [4.1e-4, 0, 3e-4, 1e-4]),
+            "remainder": ("remainder", [-1.5e-4, 1e-4, 0.0, -1e-4])}
+    low = _dla_summary(rows, torch.bfloat16)
+    assert low["dla_zero_components"] == ["attn_bias0", "attn_bias1", "remainder"]
+    assert "tied with 1 other head within its interval (L0H3 +0.78)" in finding("circuits", low)
+    f32 = _dla_summary(rows)  # float32: these rows are over its floor, the old behaviour in every dtype
+    assert f32["dla_zero_components"] == [] and f32["dla_last_named_ties"]["within"][0] == "L0H3"
+    assert len(f32["dla_last_named_ties"]["within"]) == 4
+    biased = _dla_summary({**rows, "attn_bias1": ("attn_bias", [0.05] * 4)}, torch.bfloat16)  # a real bias stays
+    assert biased["dla_zero_components"] == ["attn_bias0", "remainder"]
     assert biased["dla_last_named_ties"]["within"] == ["L0H3", "attn_bias1"]
 
 
