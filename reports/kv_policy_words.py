@@ -47,6 +47,12 @@ def _kept_parts(s: Mapping[str, Any], policy: str, budget: Any) -> tuple[str, in
         return None
     if s.get("sliding_windows"):  # a sliding-window layer keeps the policy's positions among its own window's
         return None
+    return _kept_text(split), int(span[0]), int(span[1]), int(budget)
+
+
+def _kept_text(split: Mapping[str, Any]) -> str:
+    """A kept_split entry {first, recent, most_attended} in words: 'the first 1 and the 4 newest positions and the 3
+    older ones the context's queries attended to most'; 'nothing' where it keeps none."""
     first, recent, heavy = (int(split.get(k) or 0) for k in ("first", "recent", "most_attended"))
     ends = ([f"the first {first}"] if first else []) + ([f"the {recent} newest"] if recent else [])
     kept_text = f"{and_join(ends)} position{'s' if first + recent != 1 else ''}" if ends else ""
@@ -54,7 +60,7 @@ def _kept_parts(s: Mapping[str, Any], policy: str, budget: Any) -> tuple[str, in
         who = ("older ones" if heavy != 1 else "older one") if ends else ("positions" if heavy != 1 else "position")
         most = f"the {heavy} {who} the context's queries attended to most"
         kept_text = f"{kept_text} and {most}" if kept_text else most
-    return kept_text or "nothing", int(span[0]), int(span[1]), int(budget)
+    return kept_text or "nothing"
 
 
 def _shared_keeps(s: Mapping[str, Any], policies: Mapping[str, Any], missed: Sequence[str]) -> str:
@@ -86,17 +92,10 @@ def keeps_words(s: Mapping[str, Any], policy: str, budget: Any) -> str:
     span = s.get("context_range")
     if not isinstance(split, Mapping) or not (isinstance(span, (list, tuple)) and len(span) == 2):
         return ""
-    first, recent, heavy = (int(split.get(k) or 0) for k in ("first", "recent", "most_attended"))
     lo, hi, b = int(span[0]), int(span[1]), int(budget)
     if s.get("sliding_windows"):  # a sliding-window layer keeps the policy's positions among its own window's
         return ""
-    ends = ([f"the first {first}"] if first else []) + ([f"the {recent} newest"] if recent else [])
-    kept_text = f"{and_join(ends)} position{'s' if first + recent != 1 else ''}" if ends else ""
-    if heavy:
-        who = ("older ones" if heavy != 1 else "older one") if ends else ("positions" if heavy != 1 else "position")
-        most = f"the {heavy} {who} the context's queries attended to most"
-        kept_text = f"{kept_text} and {most}" if kept_text else most
-    kept_text = kept_text or "nothing"
+    kept_text = _kept_text(split)
     if hi <= b:
         return f"at budget {b} keeps every prompt whole ({_positions(hi) if lo == hi else f'{lo} to {hi} positions'})"
     if lo == hi:

@@ -124,6 +124,29 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
     return Path(out)
 
 
+def pair_task(n: int = 3, n_pos: int = 8):
+    """A Task of n random word-id prompts whose corrupted copy differs at position 2, with random answers and wrong
+    answers (seeded): edge and patching tests on tiny models."""
+    from headscope.analyses.core.tasks import Task
+
+    g = torch.Generator().manual_seed(0)
+    tok = torch.randint(10, 60, (n, n_pos), generator=g)
+    cor = tok.clone()
+    cor[:, 2] = torch.randint(10, 60, (n,), generator=g)
+    ans, wrong = torch.randint(10, 60, (n,), generator=g), torch.randint(10, 60, (n,), generator=g)
+    return Task(name="pairs", tokens=tok, corrupted_tokens=cor, answers=ans, wrong_answers=wrong)
+
+
+def grad_and_ablated(metric) -> tuple[float, float]:
+    """(d metric / d eps at 0, metric at eps = -1): an edge's EAP score and its exact ablation, for a hand metric(eps)
+    that adds eps times the sender's write to the receiver's input."""
+    eps = torch.zeros((), requires_grad=True)
+    (grad,) = torch.autograd.grad(metric(eps), eps)
+    with torch.no_grad():
+        ablated = metric(torch.tensor(-1.0))
+    return float(grad), float(ablated)
+
+
 def hf_model(path: Path):
     """The same weights loaded by plain Hugging Face (eager attention), the independent reference."""
     from transformers import AutoModelForCausalLM

@@ -12,16 +12,7 @@ import headscope as hs
 from headscope.analyses.circuits import edges as E
 from headscope.analyses.circuits import faithfulness as F
 from headscope.analyses.core.tasks import Task
-from tests_support import build_tiny_model
-
-
-def pair_task(n: int = 3, n_pos: int = 8) -> Task:
-    g = torch.Generator().manual_seed(0)
-    tok = torch.randint(10, 60, (n, n_pos), generator=g)
-    cor = tok.clone()
-    cor[:, 2] = torch.randint(10, 60, (n,), generator=g)
-    ans, wrong = torch.randint(10, 60, (n,), generator=g), torch.randint(10, 60, (n,), generator=g)
-    return Task(name="pairs", tokens=tok, corrupted_tokens=cor, answers=ans, wrong_answers=wrong)
+from tests_support import build_tiny_model, grad_and_ablated, pair_task
 
 
 @pytest.fixture(scope="module", params=["bloom", "cohere"])
@@ -78,11 +69,7 @@ def hf_mlp_edge(name: str, hf, task: Task, sender: tuple, layer: int) -> tuple[f
         rows = torch.arange(len(task))
         return (logits[rows, task.answers] - logits[rows, task.wrong_answers]).mean()
 
-    eps = torch.zeros((), requires_grad=True)
-    (grad,) = torch.autograd.grad(metric(eps), eps)
-    with torch.no_grad():
-        ablated = metric(torch.tensor(-1.0))
-    return float(grad), float(ablated)
+    return grad_and_ablated(metric)
 
 
 def test_mlp_receivers_equal_hugging_face_without_hook_mlp_in(family):

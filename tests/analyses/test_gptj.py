@@ -9,7 +9,7 @@ import headscope as hs
 from headscope.analyses.circuits import edges as E
 from headscope.analyses.circuits import faithfulness as F
 from headscope.analyses.core.tasks import Task
-from tests_support import build_tiny_model
+from tests_support import build_tiny_model, grad_and_ablated, pair_task
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +36,6 @@ def gptj(gptj_dir):
 
     hf = GPTJForCausalLM.from_pretrained(gptj_dir, attn_implementation="eager").eval()
     return hs.load_model(str(gptj_dir), device="cpu"), hf
-
-
-def pair_task(n: int = 3, n_pos: int = 8) -> Task:
-    g = torch.Generator().manual_seed(0)
-    tok = torch.randint(10, 60, (n, n_pos), generator=g)
-    cor = tok.clone()
-    cor[:, 2] = torch.randint(10, 60, (n,), generator=g)
-    ans, wrong = torch.randint(10, 60, (n,), generator=g), torch.randint(10, 60, (n,), generator=g)
-    return Task(name="pairs", tokens=tok, corrupted_tokens=cor, answers=ans, wrong_answers=wrong)
 
 
 def hf_edge(hf, task: Task, sender: tuple, receiver: tuple):
@@ -95,11 +86,7 @@ def hf_edge(hf, task: Task, sender: tuple, receiver: tuple):
         rows_ = torch.arange(len(task))
         return (logits[rows_, task.answers] - logits[rows_, task.wrong_answers]).mean()
 
-    eps = torch.zeros((), requires_grad=True)
-    (grad,) = torch.autograd.grad(metric(eps), eps)
-    with torch.no_grad():
-        ablated = metric(torch.tensor(-1.0))
-    return float(grad), float(ablated)
+    return grad_and_ablated(metric)
 
 
 def test_gptj_edges_equal_hugging_face(gptj):

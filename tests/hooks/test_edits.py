@@ -7,7 +7,6 @@ import torch
 from transformers import OPTForCausalLM
 
 import headscope as hs
-from headscope.analyses.core.tasks import Task
 from headscope.analyses.kv.eviction import eviction_sweep
 from headscope.analyses.patching.sites import SITE_TYPES, absent, unpatchable
 from headscope.analyses.position.sinks import streaming_attention
@@ -15,18 +14,10 @@ from headscope.errors import SiteError, UnsupportedModelError
 from headscope.hooks.edits import edits_discarded
 from headscope.hooks.patterns import reduce_patterns
 from headscope.reports.provenance import provenance_lines
+from tests_support import pair_task
 
 OPT_SCORES = "TransformerLens hands OPTForCausalLM's attention to the Hugging Face module and discards edits to attention scores"
 OPT_PATTERNS = OPT_SCORES.replace("scores", "patterns")
-
-
-def pair_task(n: int = 3, n_pos: int = 8) -> Task:
-    g = torch.Generator().manual_seed(0)
-    tok = torch.randint(10, 60, (n, n_pos), generator=g)
-    cor = tok.clone()
-    cor[:, 2] = torch.randint(10, 60, (n,), generator=g)
-    ans, wrong = torch.randint(10, 60, (n,), generator=g), torch.randint(10, 60, (n,), generator=g)
-    return Task(name="pairs", tokens=tok, corrupted_tokens=cor, answers=ans, wrong_answers=wrong)
 
 
 def test_opt_discards_score_edits_that_plain_hf_shows_matter(opt_model):
