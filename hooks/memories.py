@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from headscope.models import hooked_model
 from headscope.models.hooked_model import raw_module
 
 
@@ -273,3 +274,6 @@ def n_memories(model, layer: int) -> int:
     if layout is None:
         return model.facts.d_mlp
     return layout.n_experts * layout.expert_width + layout.shared_width
+
+
+hooked_model.EXPERT_LAYOUT = expert_layout  # the model's repr names each kind of MLP (review 16b C2)

@@ -346,6 +346,11 @@ def _hook_tables(module: torch.nn.Module) -> list[dict]:
     return [table for table in (getattr(module, name, None) for name in names) if table is not None]
 
 
+# hooks.memories.expert_layout, registered by hooks/memories.py on import (models may not import hooks: layering);
+# HookedModel's repr reads each layer's MLP kind through it.
+EXPERT_LAYOUT: Any = None
+
+
 class HookedModel(TLHabits):
     """A hookable transformer: `model(tokens)` gives logits (decoders) or hidden states (encoders).
 
@@ -393,12 +398,12 @@ class HookedModel(TLHabits):
     def _mlp_repr(self) -> str:
         """"d_mlp=192" for a dense model; else each kind of MLP with its layers: "mlp=(layer 0: dense 192; layers 1-2:
         6 experts x 64, top-2)" (+ "+ shared 96"), from each block's own modules (review 16b C2)."""
-        from headscope.hooks.memories import expert_layout
-
         kinds: dict[str, list[int]] = {}
         for layer in range(self.facts.n_layers):
+            if EXPERT_LAYOUT is None:  # hooks not imported (it registers the reader: models sit below hooks)
+                return f"d_mlp={self.facts.d_mlp}"
             try:
-                e = expert_layout(self, layer)
+                e = EXPERT_LAYOUT(self, layer)
             except Exception:  # noqa: BLE001  a repr never raises: a layout hooks cannot read is shown as d_mlp
                 return f"d_mlp={self.facts.d_mlp}"
             what = (f"dense {self.facts.d_mlp}" if e is None else f"{e.n_experts} experts x {e.expert_width}"

@@ -892,7 +892,7 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp", "remainder"]
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
         evicted = plot_eviction(kv, metric="logit_diff", ax=plt.subplots()[1])
-        assert evicted.get_ylabel().startswith("change in logit difference (logits)")
+        assert evicted.get_ylabel() == "policy - full cache,\nlogit difference (logits)"  # units: the metric's (16dv-C2)
         whole = [line for line in evicted.get_lines() if line.get_label() == "longest context (8)"]
         assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
         # prompts of contexts 2, 6, 8: budget 4 evicts from two of them, budget 1 from all three
@@ -1551,7 +1551,9 @@ def test_patching_x_label_of_mixed_lengths_stays_within_the_map_clear_of_the_col
         assert heat_box.x0 - 1 <= x_box.x0 and x_box.x1 <= heat_box.x1 + 1, (x_box, heat_box)
         assert 0 <= bar_box.y0 and bar_box.y1 <= fig.bbox.height and bar_box.x1 <= fig.bbox.width, bar_box
         assert not _overlap(x_box, bar_box)
-        assert bar.get_ylabel() == "share of the clean-corrupted gap\n(1 = fully restored)"
+        # the label says the same words, wrapped to the bar (review 16c C4: never shrunk under 8 pt), never inside a word
+        assert bar.get_ylabel().split() == "share of the clean-corrupted gap (1 = fully restored)".split()
+        assert "clean-corrupted" in bar.get_ylabel().split("\n") or "clean-corrupted gap" in bar.get_ylabel()
         # review 12c B1: two sentences, each wrapped whole ("the last pale: columns" ran them together, "only" alone)
         lines = ax.get_xlabel().split("\n")
         assert " ".join(lines) == (
