@@ -53,8 +53,6 @@ class Needs:
     continuation: it scores answers of several tokens by their whole continuation (Task.continuation:
       the metric reads the last k positions); False: it reads one next-token answer at the last position;
     what: what it does, for messages ("measures next-token answers");
-    attention_edits: it works by editing attention scores: skipped where TransformerLens discards such edits
-      (hooks/edits.py, review 16d A1); kv does not set it and skips only its eviction sweep (review 16dv B1).
     linear_readout: what of it reads the residual stream linearly into the logits ("the logit lens and direct logit
       attribution"), so it cannot run on post-LN blocks nor without a hooked final norm (models.readout: skipped,
       one line); "" where nothing does.
@@ -77,7 +75,6 @@ class Needs:
     own_records: Callable[[Any, str, Any], str | None] | None = None
     continuation: bool = False
     what: str = ""
-    attention_edits: bool = False
     linear_readout: str = ""
 
 
@@ -119,11 +116,6 @@ def model_reasons(needs: Needs, model: Any, task: Any = None, config: Any = None
     if needs.decoder and facts.is_encoder:
         why = f": it {needs.what}" if needs.what else ""
         return [f"{facts.name} is an encoder and this analysis needs a decoder{why}"]
-    if needs.attention_edits:
-        from headscope.hooks.edits import edits_discarded
-
-        if discarded := edits_discarded(model, "scores"):
-            return [f"{discarded}, so this analysis, which {needs.what} by masking attention scores, would change nothing"]
     gap = readout_reason(model, needs.linear_readout) if needs.linear_readout else None
     if gap:  # review 16d A4: OPT's post-LN blocks (or a final norm the bridge does not hook), before any work
         return [gap]

@@ -339,7 +339,7 @@ def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
-# Review 16dv B1: not attention_edits: where TransformerLens discards score edits only the eviction sweep is skipped.
+# Review 16dv B1: where TransformerLens discards score edits only the eviction sweep is skipped (eviction_skipped).
 NEEDS = Needs(answers=True, decoder=True, what="evicts entries of a decoder's KV cache")
 
 
