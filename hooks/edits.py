@@ -10,12 +10,13 @@ others whose adapter builds a plain AttentionBridge (or a subclass that calls it
 `edits_discarded` finds out with one probe pass per kind on four tokens: a hook hides every key
 but the query's own (scores) or puts all weight there (pattern) in every layer; the edit is
 discarded when TransformerLens warns so or the output is bit-identical to the unedited pass. The
-answer is kept on the model. Analyses that edit scores or patterns (kv eviction, position's
+answer is kept per bridge. Analyses that edit scores or patterns (kv eviction, position's
 streaming masks, the pattern patching site) ask before any work and refuse in one line.
 """
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 
@@ -24,6 +25,7 @@ from headscope.hooks.sites import site
 
 KINDS = ("scores", "pattern")
 _WARNING = "edit is discarded"
+_DISCARDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> {kind: edits discarded}
 
 
 def _probe_hook(kind: str):
@@ -58,7 +60,7 @@ def edits_discarded(model, kind: str = "scores") -> str | None:
         raise ValueError(kind)
     if getattr(model, "bridge", None) is None or getattr(model, "facts", None) is None:
         return None
-    known = model.__dict__.setdefault("_attention_edits_discarded", {})
+    known = _DISCARDED.setdefault(model.bridge, {})
     if kind not in known:
         known[kind] = _probe(model, kind)
     if not known[kind]:
