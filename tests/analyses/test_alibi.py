@@ -80,7 +80,7 @@ def test_the_alibi_sink_baseline_is_the_softmax_of_the_bias_alone(window):
 def test_kv_sink_mass_equals_the_alibi_baseline_when_scores_are_equal(bloom_dir, tmp_path):
     """With q and k projections zeroed every score is 0, so HF's attention is ALiBi's bias alone: the measured
     first-token mass then equals the baseline (ratio 1), which is the explicit softmax of the bias; the uniform
-    share it was judged against before (1 / (q + 1)) is recorded beside it as "flat" (the summary's "uniform_share")."""
+    share it was judged against before (1 / (q + 1)) is recorded beside it as "uniform_share" (sinks.csv and the summary)."""
     hf = hf_model(bloom_dir)
     with torch.no_grad():
         for block in hf.transformer.h:
@@ -96,9 +96,10 @@ def test_kv_sink_mass_equals_the_alibi_baseline_when_scores_are_equal(bloom_dir,
     norms, _ = kv._kv_norms(model, tokens)
     table = kv.sink_stats(model, tokens, norms, n_sink=1)
     want = hand_share(SLOPES_4, [12])
-    assert table.uniform_mass.tolist() == pytest.approx([want] * 2, abs=1e-12)
+    assert table.baseline_mass.tolist() == pytest.approx([want] * 2, abs=1e-12)
+    assert table.baseline.tolist() == ["alibi"] * 2 and "uniform_mass" not in table  # mend 1: named for what it holds
     assert table.sink_mass.tolist() == pytest.approx([want] * 2, abs=1e-5)
-    assert table.flat_mass.tolist() == pytest.approx([sum(1 / (q + 1) for q in range(1, 12)) / 11] * 2, abs=1e-12)
+    assert table.uniform_share.tolist() == pytest.approx([sum(1 / (q + 1) for q in range(1, 12)) / 11] * 2, abs=1e-12)
     assert not table.sink.any()
     records = kv._sink_records(table)  # review 16cv B2: the summary names each share for what it holds
     assert [r["baseline"] for r in records] == pytest.approx([want] * 2, abs=1e-12)
