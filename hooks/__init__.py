@@ -5,9 +5,7 @@ from headscope.hooks.capture import capture, run_with_cache
 from headscope.hooks.interventions import ablate, head_gates, patch
 from headscope.hooks.kv_states import GenerationTrace, KVStates, generate_with_kv, kv_states
 from headscope.hooks.memories import (
-    ExpertLayout,
     MLPMemories,
-    expert_layout,
     is_moe,
     mlp_memories,
     moe_coefficients,
@@ -16,6 +14,7 @@ from headscope.hooks.memories import (
 )
 from headscope.hooks.patterns import attention_pattern, reduce_patterns
 from headscope.hooks.sites import SITES, available_sites, check_site, parse_site, site
+from headscope.models.moe_layout import ExpertLayout, expert_layout
 
 __all__ = [
     "SITES",

@@ -18,15 +18,12 @@ sub-updates m_i v_i is the MoE block's output as Hugging Face computes it (`moe_
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
-import weakref
 from dataclasses import dataclass
 
 import torch
 
-from headscope.models import hooked_model
 from headscope.models.hooked_model import raw_module
+from headscope.models.moe_layout import expert_layout, moe_modules
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +55,7 @@ def mlp_memories(model, layer: int) -> MLPMemories:
     (see the module doc)."""
     model.check_layer(layer)
     mlp = model.bridge.blocks[layer].mlp
-    moe = _moe(mlp)
+    moe = moe_modules(mlp)
     if moe is not None:
         return _moe_memories(layer, *moe)
     w_in = mlp.W_in.detach()  # [d_model, d_mlp]
@@ -74,32 +71,6 @@ def mlp_memories(model, layer: int) -> MLPMemories:
         key_bias=None if b_in is None else b_in.detach(),
         out_bias=torch.zeros(w_out.shape[1], dtype=w_out.dtype, device=w_out.device) if b_out is None else b_out.detach(),
     )
-
-
-def _moe(mlp: torch.nn.Module):
-    """(router, experts, shared expert or None, shared expert's gate or None), raw Hugging Face
-    modules, for a mixture-of-experts MLP of the stacked layout; None for a dense MLP. A layout
-    this module does not know is an UnsupportedModelError, never numbers from the wrong weights."""
-    if mlp is None:
-        return None
-    block = raw_module(mlp)
-    experts = getattr(block, "experts", None)
-    if experts is None or getattr(block, "gate", None) is None:
-        return None
-    experts = raw_module(experts)
-    up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
-    if (not isinstance(up, torch.Tensor) or not isinstance(down, torch.Tensor) or up.ndim != 3
-            or getattr(experts, "is_transposed", False) or up.shape[1] != 2 * down.shape[2]):
-        from headscope.errors import UnsupportedModelError
-
-        raise UnsupportedModelError(f"{type(block).__name__}: MLP memories know mixtures of experts with stacked "
-                                    f"gate_up_proj [expert, 2 d_expert, d_model] and down_proj weights only.")
-    shared = getattr(block, "shared_expert", None)  # Qwen2-MoE's (gated by sigmoid(shared_expert_gate))
-    if shared is None:  # DeepSeek-V2/V3's n_shared_experts as one MLP, added ungated (HF DeepseekV3MoE.forward)
-        shared = getattr(block, "shared_experts", None)
-    shared_gate = getattr(block, "shared_expert_gate", None)
-    return (raw_module(block.gate), experts, None if shared is None else raw_module(shared),
-            None if shared_gate is None else raw_module(shared_gate))
 
 
 def _moe_memories(layer: int, router, experts, shared, shared_gate) -> MLPMemories:
@@ -124,7 +95,7 @@ def _moe_memories(layer: int, router, experts, shared, shared_gate) -> MLPMemori
 
 def is_moe(model, layer: int) -> bool:
     """Whether block `layer`'s MLP is a mixture of experts (memories per expert)."""
-    return _moe(getattr(model.bridge.blocks[layer], "mlp", None)) is not None
+    return moe_modules(getattr(model.bridge.blocks[layer], "mlp", None)) is not None
 
 
 def moe_layers(model) -> list[int]:
@@ -137,7 +108,7 @@ def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     [..., d_model] (see the module doc): per expert, only on the tokens routed to it, weighted by
     the router as Hugging Face's MoE block; the shared expert's scaled by its sigmoid gate (Qwen2-MoE) or as they
     are (DeepSeek's shared_experts, added ungated)."""
-    router, experts, shared, shared_gate = _moe(model.bridge.blocks[layer].mlp)
+    router, experts, shared, shared_gate = moe_modules(model.bridge.blocks[layer].mlp)
     flat = x.reshape(-1, x.shape[-1])  # [N, d_model]
     up = experts.gate_up_proj  # [E, 2 d_e, d_model]
     n_experts = up.shape[0]
@@ -163,109 +134,15 @@ def _route(block, router, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return weights, chosen
 
 
-def _setting(router, block, *names: str, default=None):
-    """A routing setting from the router (newer transformers) or, failing that, its MoE block (transformers 5.9's
-    DeepSeek-V3 keeps top_k, n_group, topk_group, norm_topk_prob and routed_scaling_factor there)."""
-    for owner in (router, block):
-        for name in names:
-            value = getattr(owner, name, None)
-            if value is not None:
-                return value
-    return default
-
-
 def moe_routing(model, layer: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """The router's choice on MLP input x [..., d_model] as Hugging Face's MoE block makes it (its own gate module):
     {"expert_indices": [..., top_k] the chosen experts, "expert_weights": [..., expert] each expert's weight in the
     mix, 0 where not chosen} (sites of those names where the bridge has no hook point: DeepSeek-V3, review 15d C5)."""
-    router, experts, _, _ = _moe(model.bridge.blocks[layer].mlp)
+    router, experts, _, _ = moe_modules(model.bridge.blocks[layer].mlp)
     weights, chosen = _route(raw_module(model.bridge.blocks[layer].mlp), router, x.reshape(-1, x.shape[-1]))
     mix = torch.zeros(chosen.shape[0], experts.gate_up_proj.shape[0], dtype=weights.dtype, device=weights.device)
     mix.scatter_(1, chosen, weights)  # [N, expert]
     return {"expert_indices": chosen.reshape(*x.shape[:-1], -1), "expert_weights": mix.reshape(*x.shape[:-1], -1)}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExpertLayout:
-    """The shape of a mixture-of-experts MLP's memories: n_experts routed experts of expert_width
-    neurons each (top_k chosen per token; None where the router does not say), then a shared expert
-    of shared_width neurons (0: none). renormalised: whether the top_k router weights are renormalised to sum
-    to 1 (Qwen2/3-MoE's config norm_topk_prob, Mixtral's always) or left as the softmax over every expert;
-    None where it cannot be told (review 12a: a Qwen3-MoE report never said which weights a coefficient uses)."""
-
-    n_experts: int
-    expert_width: int
-    top_k: int | None
-    shared_width: int = 0
-    renormalised: bool | None = None
-    shared_gated: bool = False  # Qwen2-MoE's sigmoid(shared_expert_gate); DeepSeek's shared_experts are ungated
-    scoring: str | None = None  # "sigmoid" for DeepSeek-V3's router (else the softmax, not recorded)
-    routed_scaling_factor: float | None = None  # DeepSeek: the top-k weights are multiplied by it
-    n_group: int | None = None  # DeepSeek's group-limited choice: top-k among the best topk_group of n_group groups
-    topk_group: int | None = None
-    choice_bias: bool = False  # DeepSeek's e_score_correction_bias: added to the scores for the choice only
-
-    def as_dict(self) -> dict:
-        """The layout for a summary or manifest: shared_gated only with a shared expert, the sigmoid router's fields
-        only on one (a softmax router's record stays as before review 15d)."""
-        return {k: v for k, v in dataclasses.asdict(self).items()
-                if k in _ALWAYS or (k == "shared_gated" and self.shared_width) or self.scoring is not None}
-
-
-_ALWAYS = ("n_experts", "expert_width", "top_k", "shared_width", "renormalised")
-_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # router module -> its measured renormalisation
-
-
-@torch.no_grad()
-def _renormalised(router, top_k: int | None, n_experts: int, said: bool | None = None) -> bool | None:
-    """The router's norm_topk_prob (from the model's config) where it has one; else measured once per router (cached:
-    expert_layout runs for every MoE layer on every chunk) on a copy of it, so the model's own router never runs on
-    made-up inputs (one that keeps statistics, aux-loss or load counters, keeps them): its top-k weights for 8 random
-    inputs summing to 1 (Mixtral's router renormalises with no setting for it); None where it cannot be run or
-    top_k covers every expert (then the softmax sums to 1 either way)."""
-    said = getattr(router, "norm_topk_prob", said)
-    if isinstance(said, bool):
-        return said
-    weight = getattr(router, "weight", None)
-    if not top_k or top_k >= n_experts or not isinstance(weight, torch.Tensor) or weight.ndim != 2:
-        return None
-    if router not in _MEASURED:
-        _MEASURED[router] = _measure_renormalised(router, weight)
-    return _MEASURED[router]
-
-
-def _measure_renormalised(router, weight: torch.Tensor) -> bool | None:
-    x = torch.randn(8, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight)  # [8, d_model]
-    try:
-        out = copy.deepcopy(router)(x)
-    except Exception:  # a router of another signature: not told rather than guessed
-        return None
-    if not isinstance(out, tuple) or len(out) != 3:
-        return None
-    sums = out[1].float().sum(-1)  # [8]
-    return bool(torch.allclose(sums, torch.ones_like(sums), atol=4 * float(torch.finfo(weight.dtype).eps)))
-
-
-def expert_layout(model, layer: int) -> ExpertLayout | None:
-    """Block `layer`'s ExpertLayout; None for a dense MLP."""
-    moe = _moe(model.bridge.blocks[layer].mlp)
-    if moe is None:
-        return None
-    router, experts, shared, shared_gate = moe
-    block = raw_module(model.bridge.blocks[layer].mlp)
-    top_k = _setting(router, block, "top_k")
-    n_experts = experts.gate_up_proj.shape[0]
-    sigmoid = isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor)  # HF DeepseekV3TopkRouter
-    return ExpertLayout(n_experts=n_experts, expert_width=experts.down_proj.shape[2],
-                        top_k=None if top_k is None else int(top_k),
-                        shared_width=0 if shared is None else raw_module(shared.up_proj).weight.shape[0],
-                        renormalised=_renormalised(router, None if top_k is None else int(top_k), n_experts,
-                                                   _setting(router, block, "norm_topk_prob")),
-                        shared_gated=shared is not None and shared_gate is not None,
-                        **(dict(scoring="sigmoid", choice_bias=True,
-                                routed_scaling_factor=float(_setting(router, block, "routed_scaling_factor", default=1.0)),
-                                n_group=int(_setting(router, block, "num_group", "n_group", default=1)),
-                                topk_group=int(_setting(router, block, "topk_group", default=1))) if sigmoid else {}))
 
 
 def n_memories(model, layer: int) -> int:
@@ -275,5 +152,3 @@ def n_memories(model, layer: int) -> int:
         return model.facts.d_mlp
     return layout.n_experts * layout.expert_width + layout.shared_width
 
-
-hooked_model.EXPERT_LAYOUT = expert_layout  # the model's repr names each kind of MLP (review 16b C2)

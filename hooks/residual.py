@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from headscope.errors import ConfigError, HeadscopeWarning
-from headscope.hooks.memories import expert_layout, mlp_memories
+from headscope.hooks.memories import mlp_memories
+from headscope.models.moe_layout import expert_layout
 
 
 def slice_axis(t: torch.Tensor, sl: Any, dim: int) -> torch.Tensor:

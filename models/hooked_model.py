@@ -346,11 +346,6 @@ def _hook_tables(module: torch.nn.Module) -> list[dict]:
     return [table for table in (getattr(module, name, None) for name in names) if table is not None]
 
 
-# hooks.memories.expert_layout, registered by hooks/memories.py on import (models may not import hooks: layering);
-# HookedModel's repr reads each layer's MLP kind through it.
-EXPERT_LAYOUT: Any = None
-
-
 class HookedModel(TLHabits):
     """A hookable transformer: `model(tokens)` gives logits (decoders) or hidden states (encoders).
 
@@ -398,13 +393,13 @@ class HookedModel(TLHabits):
     def _mlp_repr(self) -> str:
         """"d_mlp=192" for a dense model; else each kind of MLP with its layers: "mlp=(layer 0: dense 192; layers 1-2:
         6 experts x 64, top-2)" (+ "+ shared 96"), from each block's own modules (review 16b C2)."""
+        from headscope.models.moe_layout import expert_layout  # it imports this module's raw_module
+
         kinds: dict[str, list[int]] = {}
         for layer in range(self.facts.n_layers):
-            if EXPERT_LAYOUT is None:  # hooks not imported (it registers the reader: models sit below hooks)
-                return f"d_mlp={self.facts.d_mlp}"
             try:
-                e = EXPERT_LAYOUT(self, layer)
-            except Exception:  # noqa: BLE001  a repr never raises: a layout hooks cannot read is shown as d_mlp
+                e = expert_layout(self, layer)
+            except Exception:  # noqa: BLE001  a repr never raises: a layout it cannot read is shown as d_mlp
                 return f"d_mlp={self.facts.d_mlp}"
             what = (f"dense {self.facts.d_mlp}" if e is None else f"{e.n_experts} experts x {e.expert_width}"
                     + (f", top-{e.top_k}" if e.top_k else "") + (f" + shared {e.shared_width}" if e.shared_width else ""))

@@ -339,6 +339,15 @@ def readout_clause(model: dict) -> str:
     return out
 
 
+def positions_clause(model: Mapping[str, Any]) -> str:
+    """', ALiBi positions (...)' from the manifest's facts (positional "alibi": BLOOM), else '': no position embedding,
+    each head's fixed slope biases its scores by distance, which the heads' roles and the sink baselines read."""
+    if model.get("positional") != "alibi":
+        return ""
+    return (", ALiBi positions (no position embedding: each head adds -slope x distance to its attention scores, "
+            "its slope fixed; no fixed context)")
+
+
 def _kv_clause(model: Mapping[str, Any]) -> str:
     """' (1 KV head: multi-query attention)' / ' (2 KV heads: grouped-query attention)' where the model has fewer KV
     heads than query heads (review 9b C2: k/v patching and the kv section count KV heads), else ''."""
@@ -411,6 +420,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         from headscope.models.hooked_model import mla_words
 
         facts += ", " + mla_words(model["mla"])
+    facts += positions_clause(model)  # ALiBi: a head's fixed slope sets part of where it looks
     facts += readout_clause(model)  # review 16d B3: post-LN blocks, a projected embedding
     experts = layout_clause(model.get("experts_per_layer"), model.get("n_layers"), model.get("d_mlp"))
     if experts:  # review 11c A3: which blocks are mixtures of experts, and the dense ones among them

@@ -593,3 +593,14 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
              "see the first token, a hatched grey cell is a score the window makes unmeasurable, and confidence and "
              "positional share are over the window's keys only, so they compare within layers of one kind.",
 }
+ALIBI_ROLES = (" On ALiBi positions each head adds a fixed -slope x distance to its scores, so a head's positional, "
+               "self or previous-token preference is partly set by its slope (a steep slope favours near keys), not "
+               "only learned.")
+
+
+def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
+    """The roles caption on an ALiBi model (summary positions "alibi"): its fixed slopes set part of a head's
+    positional preference; None otherwise (CAPTIONS' then holds)."""
+    if stem == "roles" and isinstance(summary, Mapping) and summary.get("positions") == "alibi":
+        return CAPTIONS["roles"] + ALIBI_ROLES
+    return None

@@ -19,6 +19,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import NullLocator
 
+from headscope.analyses.kv.analysis import sink_shares
 from headscope.reports.findings import int_ranges, int_span
 from headscope.reports.kv_cache_words import _span2
 from headscope.reports.kv_words import finding as finding  # the headline: families.py reads it here
@@ -258,20 +259,22 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
 
 
 def plot_sinks(data: pd.DataFrame, *, ax=None):
-    """Attention mass on the first position per layer against its uniform baseline (`data`: the sinks
-    table), the measured bars with their 95% t interval over prompts (ci_low / ci_high, where present)."""
+    """Attention mass on the first position per layer against its baseline (`data`: the sinks table; baseline_mass,
+    uniform or ALiBi's as `baseline` says, or an older run's uniform_mass / flat_mass: kv.sink_shares), the measured
+    bars with their 95% t interval over prompts (ci_low / ci_high, where present)."""
     import numpy as np
 
     ax = axes(ax, (7.5, 4))
     x = np.arange(len(data))  # [layer]
-    measured, uniform = data["sink_mass"].to_numpy(dtype=float), data["uniform_mass"].to_numpy(dtype=float)
+    base, kind, _ = sink_shares(data)
+    measured, uniform = data["sink_mass"].to_numpy(dtype=float), base.to_numpy(dtype=float)
     colours = sns.color_palette(n_colors=2)
     err = None
     if {"ci_low", "ci_high"} <= set(data) and data[["ci_low", "ci_high"]].notna().all().all():
         err = np.stack([measured - data["ci_low"].to_numpy(dtype=float), data["ci_high"].to_numpy(dtype=float) - measured])
     ax.bar(x - 0.2, measured, width=0.4, color=colours[0], label="measured (95% CI over prompts)" if err is not None
            else "measured", yerr=err, capsize=3, ecolor="black")
-    alibi = "flat_mass" in data  # review 16c B1: an ALiBi model's baseline is its bias alone (analyses.kv.sink_stats)
+    alibi = kind == "alibi"  # review 16c B1: an ALiBi model's baseline is its bias alone (analyses.kv.sink_stats)
     ax.bar(x + 0.2, uniform, width=0.4, color=colours[1], label="ALiBi's bias alone\n(equal scores)" if alibi else "if uniform")
     ax.set_xticks(x, [str(int(v)) for v in data["layer"]])
     top = max(float(np.nanmax(measured + (err[1] if err is not None else 0))), float(np.nanmax(uniform)))

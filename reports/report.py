@@ -200,6 +200,17 @@ def _experts_per_layer(model: Any) -> dict[str, dict[str, Any]]:
             if (layout := hooks.expert_layout(model, layer)) is not None}
 
 
+def model_record(model: Any) -> dict[str, Any]:
+    """The manifest's "model": its name, source and facts (n_ctx null where it has no fixed context: BLOOM's ALiBi,
+    whose 2048 is TransformerLens's default, no limit of the model), parallel blocks, tied embeddings, MoE layout."""
+    return {"name": model.name, "source": model.source, **vars(model.facts), "n_ctx": model.facts.context_limit,
+            # review 8 C2: parallel blocks change what "mlp1" reads; the header says so
+            "parallel_blocks": any(block_shape.is_parallel(b) for b in model.bridge.blocks),
+            "tied_embeddings": _tied_embeddings(model),
+            # review 11c A3: which blocks are mixtures of experts and their layout (the header names them)
+            "experts_per_layer": _experts_per_layer(model)}
+
+
 def _tied_embeddings(model: Any) -> bool:
     """Whether the unembedding is the embedding matrix itself (the same storage), as in GPT-2, Qwen3 or Llama 3.2."""
     hf = getattr(getattr(model, "bridge", None), "original_model", None)
@@ -368,14 +379,8 @@ class _Writer:
                        "device": str(model.device), "dtype": _dtype_name(model), "prepend_bos": model.prepend_bos,
                        # review 10b A1: a BOS headscope puts in front that the tokenizer does not add (the header says it)
                        "bos_added": model.added_bos(), "settings": settings}
-        model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()},
-                      # review 8 C2: parallel blocks change what "mlp1" reads; the header says so
-                      "parallel_blocks": any(block_shape.is_parallel(b) for b in model.bridge.blocks),
-                      "tied_embeddings": _tied_embeddings(model),
-                      # review 11c A3: which blocks are mixtures of experts and their layout (the header names them)
-                      "experts_per_layer": _experts_per_layer(model)}
         writer = cls(model=model, out=out, session=session, run=run, book=book, previous=previous,
-                     report_names=report_names, model_info=model_info, config_info=config_info)
+                     report_names=report_names, model_info=model_record(model), config_info=config_info)
         writer.manifest()
         return writer
 

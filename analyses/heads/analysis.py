@@ -31,7 +31,8 @@ floor each method's checks use, for ablation measured by null ablations (roundin
 tied_top_heads_<method> with tied_top_groups_<method> (`numerical_checks`: importance that is rounding at the model's
 dtype, or top heads that tie, is said so and not ranked) / tied_first_pruned_moves_<method> (`tie_reach`: whether
 a tie at the start of a pruning order can move its count); role_windows on a sliding-window model (roles.role_windows);
-sink_token: every prompt's first token where they share one (roles.sink_token), what the sink role attends to.
+sink_token: every prompt's first token where they share one (roles.sink_token), what the sink role attends to;
+positions: "alibi" on an ALiBi model (absent otherwise), whose fixed slopes set part of a head's positional role.
 redundant_layers (pruning.layer_redundancy, with the best head table): the layers whose joint removal
 costs much while each head alone, ablated or kept, moves the metric little.
 The rounding floors and ties (`rounding_step`, `numerical_checks`, `tie_reach`) are numerics.py's.
@@ -320,6 +321,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     }
     summary.update(role_windows(roles))
     summary["sink_token"] = sink_token(model, scorer.tokens, scorer.attention_mask)  # what "first token" is here
+    if model.facts.positional == "alibi":  # each head's fixed slope biases it towards near keys (the roles caption)
+        summary["positions"] = "alibi"
     tables = {"curve": curves, "curve_examples": examples, "roles": roles, "importance_examples": per}
     if hc.best_head and raw:
         usable = {m: v for m, v in prune_imp.items() if m != "gradient" or "degenerate_gradient" not in summary}

@@ -248,8 +248,10 @@ def key_norm_ratios(per_prompt: pd.DataFrame) -> list[dict[str, Any]]:
 @torch.no_grad()
 def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1,
                attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
-    """Per layer: attention mass on the first n_sink keys against its uniform baseline (analyses.sinks,
-    Xiao et al.), both means over the prompts (each over its own real tokens), with 95% t intervals over
+    """Per layer: attention mass on the first n_sink keys against its baseline (analyses.sinks, Xiao et al.):
+    `baseline_mass`, the share uniform attention gives them, or on ALiBi what its bias alone gives (`baseline`
+    "uniform" or "alibi"; on ALiBi `uniform_share` beside it), both means over the prompts (each over its own real
+    tokens), with 95% t intervals over
     the prompts of the mass and of its excess over uniform and the shared sink verdict (sinks.layer_sinks),
     and the first keys' mean norm over the other keys' (from `norms`). The patterns are reduced a chunk of queries at
     a time (hooks.reduce_patterns): no layer's whole pattern is held where the hook-free blocks run."""
@@ -283,17 +285,28 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
     per_layer = sinks.layer_sinks(torch.cat(masses), torch.cat(uniforms),  # over the prompts, with intervals
                                   torch.cat(flats) if flats else None)
     keys = norms[norms.kind == "key"]
-    rows = []
+    rows, kind = [], "uniform" if slopes is None else "alibi"
     for layer, entry in zip(range(n_layers), per_layer):
         k = keys[keys.layer == layer]
         first, rest = k[k.position < n_sink].norm.mean(), k[k.position >= n_sink].norm.mean()
         ci, excess = entry["ci"] or [float("nan")] * 2, entry["excess_ci"] or [float("nan")] * 2
-        rows.append({"layer": layer, "sink_mass": entry["mass"], "uniform_mass": entry["baseline"],
+        rows.append({"layer": layer, "sink_mass": entry["mass"], "baseline_mass": entry["baseline"], "baseline": kind,
                      "ci_low": ci[0], "ci_high": ci[1], "excess_ci_low": excess[0], "excess_ci_high": excess[1],
                      "ratio": entry["ratio"], "n_prompts": entry["n"], "sink": entry["sink"],
                      "sink_key_norm_ratio": first / rest,
-                     **({"flat_mass": entry["uniform_share"]} if "uniform_share" in entry else {})})
+                     **({"uniform_share": entry["uniform_share"]} if "uniform_share" in entry else {})})
     return pd.DataFrame(rows)
+
+
+def sink_shares(table: pd.DataFrame) -> tuple[pd.Series, str, pd.Series | None]:
+    """(baseline mass per layer, "uniform" or "alibi", the uniform share per layer or None) of a sinks table, its
+    columns named as now (baseline_mass, baseline, uniform_share) or as before mend 1 (uniform_mass held the
+    baseline, ALiBi's where flat_mass, the uniform share, was present), so an older run's table still reads."""
+    if "baseline_mass" in table:
+        kind = str(table["baseline"].iloc[0]) if "baseline" in table and len(table) else "uniform"
+        return table["baseline_mass"], kind, table["uniform_share"] if "uniform_share" in table else None
+    old = "flat_mass" in table
+    return table["uniform_mass"], "alibi" if old else "uniform", table["flat_mass"] if old else None
 
 
 def key_norm_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
@@ -332,10 +345,11 @@ def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
     def pair(lo: float, hi: float) -> list[float] | None:
         return None if pd.isna(lo) or pd.isna(hi) else [float(lo), float(hi)]
 
-    return [{"layer": int(r.layer), "mass": float(r.sink_mass), "baseline": float(r.uniform_mass),
+    return [{"layer": int(r.layer), "mass": float(r.sink_mass), "baseline": float(r.baseline_mass),
              "ci": pair(r.ci_low, r.ci_high), "excess_ci": pair(r.excess_ci_low, r.excess_ci_high),
              "ratio": float(r.ratio), "n": int(r.n_prompts), "sink": bool(r.sink),
-             **({"uniform_share": float(r.flat_mass)} if "flat_mass" in table else {})} for r in table.itertuples()]
+             **({"uniform_share": float(r.uniform_share)} if "uniform_share" in table else {})}
+            for r in table.itertuples()]
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.

@@ -80,7 +80,7 @@ def test_the_alibi_sink_baseline_is_the_softmax_of_the_bias_alone(window):
 def test_kv_sink_mass_equals_the_alibi_baseline_when_scores_are_equal(bloom_dir, tmp_path):
     """With q and k projections zeroed every score is 0, so HF's attention is ALiBi's bias alone: the measured
     first-token mass then equals the baseline (ratio 1), which is the explicit softmax of the bias; the uniform
-    share it was judged against before (1 / (q + 1)) is recorded beside it as "flat" (the summary's "uniform_share")."""
+    share it was judged against before (1 / (q + 1)) is recorded beside it as "uniform_share" (sinks.csv and the summary)."""
     hf = hf_model(bloom_dir)
     with torch.no_grad():
         for block in hf.transformer.h:
@@ -96,9 +96,10 @@ def test_kv_sink_mass_equals_the_alibi_baseline_when_scores_are_equal(bloom_dir,
     norms, _ = kv._kv_norms(model, tokens)
     table = kv.sink_stats(model, tokens, norms, n_sink=1)
     want = hand_share(SLOPES_4, [12])
-    assert table.uniform_mass.tolist() == pytest.approx([want] * 2, abs=1e-12)
+    assert table.baseline_mass.tolist() == pytest.approx([want] * 2, abs=1e-12)
+    assert table.baseline.tolist() == ["alibi"] * 2 and "uniform_mass" not in table  # mend 1: named for what it holds
     assert table.sink_mass.tolist() == pytest.approx([want] * 2, abs=1e-5)
-    assert table.flat_mass.tolist() == pytest.approx([sum(1 / (q + 1) for q in range(1, 12)) / 11] * 2, abs=1e-12)
+    assert table.uniform_share.tolist() == pytest.approx([sum(1 / (q + 1) for q in range(1, 12)) / 11] * 2, abs=1e-12)
     assert not table.sink.any()
     records = kv._sink_records(table)  # review 16cv B2: the summary names each share for what it holds
     assert [r["baseline"] for r in records] == pytest.approx([want] * 2, abs=1e-12)
@@ -150,3 +151,39 @@ def test_the_sink_sentence_names_alibis_baseline():
                 "uniform_share": r["flat"]} for r in records]
     assert sink_sentence(renamed, n_sink=1, task="tools", baseline="alibi") == sink_sentence(
         records, n_sink=1, task="tools", baseline="alibi")
+
+
+def test_an_alibi_report_names_its_positions_in_the_header_and_roles_caption_and_records_no_n_ctx(
+        bloom, tiny_models, tiny_dirs, tmp_path):
+    """Mend 1: on BLOOM the report's header line named no ALiBi, the roles caption did not say that a head's fixed slope
+    sets part of its positional preference, and the manifest kept TransformerLens's n_ctx 2048 beside
+    fixed_context false. Now the header and caption say ALiBi on BLOOM and not on a rotary Llama; the manifest's n_ctx
+    is null on BLOOM and the HF config's own maximum length on GPT-2 and Llama."""
+    import json
+
+    import transformers
+
+    from headscope.analyses.heads.analysis import HeadsConfig
+    from headscope.reports.findings import caption
+    from headscope.reports.html_report import write_report_files
+    from headscope.reports.report import model_record
+
+    llama = tiny_models["llama"]
+    assert llama.facts.positional == "rotary"
+    config = HeadsConfig(quick=True, n_examples=2, methods=("zero",), l0=None, best_head=False)
+    for model, alibi in ((bloom, True), (llama, False)):
+        summary = hs.run_analysis("heads", model, None, config).summary
+        said = caption("roles", summary)
+        assert said.startswith("Role scores per head (0-1)")
+        assert ("partly set by its slope" in said) is alibi and ("ALiBi" in said) is alibi, said
+        record = model_record(model)
+        out = tmp_path / model.facts.family
+        out.mkdir()
+        write_report_files(out, [], {}, record)
+        header = (out / "report.html").read_text(encoding="utf-8").split("<p>", 1)[1].split("</p>", 1)[0]
+        assert ("ALiBi positions (no position embedding: each head adds -slope x distance" in header) is alibi, header
+        assert ("ALiBi positions" in (out / "report.md").read_text(encoding="utf-8")) is alibi
+    assert model_record(bloom)["n_ctx"] is None and '"n_ctx": null' in json.dumps(model_record(bloom))
+    for family, key in (("gpt2", "n_positions"), ("llama", "max_position_embeddings")):
+        want = getattr(transformers.AutoConfig.from_pretrained(tiny_dirs[family]), key)
+        assert model_record(tiny_models[family])["n_ctx"] == want

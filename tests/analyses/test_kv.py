@@ -161,7 +161,8 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     row = norms[(norms.layer == 1) & (norms.kind == "value") & (norms.kv_head == 1) & (norms.position == 5)].norm.item()
     assert row == pytest.approx(cache.layers[1].values[:, 1, 5].norm(dim=-1).mean().item(), abs=1e-5)
     sinks = result.tables["sinks"]
-    assert sinks.uniform_mass.iloc[0] == pytest.approx(sum(1 / (q + 1) for q in range(1, 8)) / 7)  # queries q >= 1
+    assert sinks.baseline_mass.iloc[0] == pytest.approx(sum(1 / (q + 1) for q in range(1, 8)) / 7)  # queries q >= 1
+    assert set(sinks.baseline) == {"uniform"} and "uniform_share" not in sinks  # rotary: the uniform share itself
     with torch.no_grad():
         attns = hf_model(tiny_dirs["llama"])(task.tokens, output_attentions=True).attentions
     assert sinks.sink_mass.iloc[1] == pytest.approx(attns[1][:, :, 1:, 0].mean().item(), abs=1e-5)
@@ -171,11 +172,11 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     for layer in (0, 1):
         per_prompt = attns[layer][:, :, 1:, 0].mean((1, 2)).double().numpy()  # [prompts]
         ci = stats.ttest_1samp(per_prompt, 0.0).confidence_interval(0.95)
-        excess = stats.ttest_1samp(per_prompt - sinks.uniform_mass.iloc[0], 0.0).confidence_interval(0.95)
+        excess = stats.ttest_1samp(per_prompt - sinks.baseline_mass.iloc[0], 0.0).confidence_interval(0.95)
         row = sinks.iloc[layer]
         assert (row.ci_low, row.ci_high) == pytest.approx((ci.low, ci.high), abs=1e-5)
         assert (row.excess_ci_low, row.excess_ci_high) == pytest.approx((excess.low, excess.high), abs=1e-5)
-        assert row.sink == (per_prompt.mean() >= 1.5 * row.uniform_mass and excess.low > 0) and row.n_prompts == 3
+        assert row.sink == (per_prompt.mean() >= 1.5 * row.baseline_mass and excess.low > 0) and row.n_prompts == 3
         assert s["sinks"][layer]["ci"] == pytest.approx([ci.low, ci.high], abs=1e-5)
     # Llama has no key norm (Hugging Face's attention has no k_norm): the keys' norms are free, the ratio is said
     assert not any(hasattr(layer.self_attn, "k_norm") for layer in hf_model(tiny_dirs["llama"]).model.layers)
@@ -380,7 +381,7 @@ def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_shar
     # layer 0 sees position 0 only while q < 8: its mass and uniform share average queries 1..7 (review 11b C7:
     # over all 11, the 4 that cannot see it counted as zeros); layer 1 sees q + 1 keys, queries 1..11
     by_hand = [sum(1 / (q + 1) for q in range(1, 8)) / 7, sum(1 / (q + 1) for q in range(1, 12)) / 11]
-    assert stats_.uniform_mass.tolist() == pytest.approx(by_hand)
+    assert stats_.baseline_mass.tolist() == pytest.approx(by_hand)
     with torch.no_grad():
         attns = hf_of("gemma2")(tokens, output_attentions=True).attentions  # [batch, head, q, k] per layer
     hand = [attns[0][:, :, 1:8, 0].mean().item(), attns[1][:, :, 1:12, 0].mean().item()]

@@ -225,7 +225,7 @@ def test_kv_eviction_norms_and_sinks_equal_each_example_alone(arch, arch_models,
     np.testing.assert_allclose(norms.to_numpy(), np.nanmean(stacked, 0), atol=TOL)
     reach = result.tables["norms"].set_index(["kind", "layer", "kv_head", "position"]).n_prompts  # prompts per position
     np.testing.assert_array_equal(reach.to_numpy(), (~np.isnan(stacked)).sum(0))
-    for col in ("sink_mass", "uniform_mass"):
+    for col in ("sink_mass", "baseline_mass"):
         want = np.mean([r.tables["sinks"][col].to_numpy() for r in refs], 0)
         np.testing.assert_allclose(result.tables["sinks"][col].to_numpy(), want, atol=TOL)
     # the first key's norm over the others', each prompt's own: the padded batch's mean is that of the prompts alone

@@ -114,11 +114,11 @@ def test_expert_layout_measures_a_router_once_and_never_runs_the_models_own(more
     random inputs each time, which would move a router's statistics (aux-loss or load counters). Mixtral's router has
     no norm_topk_prob, so it is measured: on a copy (the model's router sees no call) and once (later layouts reuse
     it); the answer stays Mixtral's (it always renormalises its top-k weights: the test above checks it from HF)."""
-    from headscope.hooks import memories
+    from headscope.models import moe_layout
 
     model = more_arch_models("mixtral")
-    router = memories._moe(model.bridge.blocks[0].mlp)[0]
-    memories._MEASURED.pop(router, None)  # as a fresh process finds it
+    router = moe_layout.moe_modules(model.bridge.blocks[0].mlp)[0]
+    moe_layout._MEASURED.pop(router, None)  # as a fresh process finds it
     calls = []
     handle = router.register_forward_hook(lambda m, a, o: calls.append(m is router))  # a deepcopy carries it along
     try:

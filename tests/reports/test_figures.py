@@ -1205,8 +1205,8 @@ def test_position_streaming_draws_the_no_gold_log_probability_as_its_labelled_re
 def test_kv_sinks_draws_each_layers_interval_over_prompts():
     from headscope.reports.plots_kv import plot_sinks
 
-    sinks = pd.DataFrame({"layer": [0, 1, 2], "sink_mass": [0.15, 0.325, 0.10], "uniform_mass": [0.18] * 3,
-                          "ci_low": [0.14, 0.31, 0.09], "ci_high": [0.16, 0.34, 0.11]})
+    sinks = pd.DataFrame({"layer": [0, 1, 2], "sink_mass": [0.15, 0.325, 0.10], "baseline_mass": [0.18] * 3,
+                          "baseline": "uniform", "ci_low": [0.14, 0.31, 0.09], "ci_high": [0.16, 0.34, 0.11]})
     try:
         ax = plot_sinks(sinks, ax=plt.subplots()[1])
         heights = [round(p.get_height(), 3) for p in ax.patches]
@@ -1215,8 +1215,8 @@ def test_kv_sinks_draws_each_layers_interval_over_prompts():
         segments = bars.errorbar.lines[2][0].get_segments()
         assert [tuple(np.round(seg[:, 1], 3)) for seg in segments] == [(0.14, 0.16), (0.31, 0.34), (0.09, 0.11)]
         assert [t.get_text() for t in ax.get_legend().get_texts()][1] == "if uniform"
-        # review 16c B1: an ALiBi model's table carries the uniform share as flat_mass; its baseline is ALiBi's
-        alibi = plot_sinks(sinks.assign(flat_mass=0.25), ax=plt.subplots()[1])
+        # review 16c B1: an ALiBi model's baseline is its bias alone (baseline "alibi", the uniform share beside it)
+        alibi = plot_sinks(sinks.assign(baseline="alibi", uniform_share=0.25), ax=plt.subplots()[1])
         assert [t.get_text() for t in alibi.get_legend().get_texts()][1] == "ALiBi's bias alone\n(equal scores)"
     finally:
         plt.close("all")
@@ -3438,5 +3438,29 @@ def test_kv_norms_coincident_layers_are_drawn_dashed_on_top_and_a_constant_k_nor
         apart = plot_norms(norms.assign(norm=norms.layer + 1.0), ax=plt.subplots()[1])  # 1, 2, 3: all visible
         assert "coincide" not in apart.get_title()
         assert all(line.get_linestyle() == "-" for line in apart.get_lines())
+    finally:
+        plt.close("all")
+
+
+def test_kv_sinks_reads_an_older_runs_table_with_the_old_column_names():
+    """Mend 1: sinks.csv's uniform_mass / flat_mass held ALiBi's baseline and the uniform share on ALiBi, so they are
+    now baseline_mass (+ baseline "uniform" / "alibi") and uniform_share. A table saved before (uniform_mass holding the
+    baseline; flat_mass present only on ALiBi) draws the same bars and names the same baseline."""
+    from headscope.analyses.kv.analysis import sink_shares
+    from headscope.reports.plots_kv import plot_sinks
+
+    new = pd.DataFrame({"layer": [0, 1], "sink_mass": [0.3, 0.6], "baseline_mass": [0.2, 0.2], "baseline": "uniform"})
+    old = new.drop(columns=["baseline_mass", "baseline"]).assign(uniform_mass=[0.2, 0.2])
+    try:
+        for kind, extra_new, extra_old in (("uniform", {}, {}), ("alibi", {"uniform_share": 0.1}, {"flat_mass": 0.1})):
+            drawn = [plot_sinks(t, ax=plt.subplots()[1]) for t in (new.assign(baseline=kind, **extra_new),
+                                                                    old.assign(**extra_old))]
+            bars = [[round(p.get_height(), 3) for p in ax.patches] for ax in drawn]
+            labels = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in drawn]
+            assert bars == [[0.3, 0.6, 0.2, 0.2]] * 2 and labels[0] == labels[1]
+            assert labels[0][1] == ("ALiBi's bias alone\n(equal scores)" if kind == "alibi" else "if uniform")
+            base, said, share = sink_shares(old.assign(**extra_old))
+            assert base.tolist() == [0.2, 0.2] and said == kind
+            assert (share is None) if kind == "uniform" else share.tolist() == [0.1, 0.1]
     finally:
         plt.close("all")

@@ -125,7 +125,8 @@ def _kv_result(seed: int = 0) -> Result:
     rows += [{"policy": "full", "budget": 64, "example": e, "metric": 2.0} for e in range(12)]
     norms = pd.DataFrame({"layer": [0, 0, 1, 1], "kv_head": 0, "position": [0, 1, 0, 1], "kind": "key",
                           "norm": [3.0, 1.0, 2.5, 1.2]})
-    sinks = pd.DataFrame({"layer": [0, 1], "sink_mass": [0.4, 0.7], "uniform_mass": [0.1, 0.1], "sink_key_norm_ratio": 2.0})
+    sinks = pd.DataFrame({"layer": [0, 1], "sink_mass": [0.4, 0.7], "baseline_mass": [0.1, 0.1], "baseline": "uniform",
+                          "sink_key_norm_ratio": 2.0})
     return Result(name="kv", df=pd.DataFrame(rows), summary={"metric_unevicted": 2.0},
                   tables={"norms": norms, "sinks": sinks}, config={"seed": seed})
 
