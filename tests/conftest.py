@@ -127,6 +127,17 @@ def opt_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def bloom_model(tmp_path_factory):
+    """(HookedModel, its directory) of tests_support's tiny "bloom" family (ALiBi), built once for the ALiBi tests
+    (analyses/test_alibi.py, analyses/test_edges_mlp_in.py, execution/test_resume.py; tests must not modify it).
+    Seed 5: test_edges_mlp_in needs a BLOOM above chance on tests_support.pair_task (seed 0 is at chance)."""
+    import headscope as hs
+
+    path = build_tiny_model("bloom", tmp_path_factory.mktemp("bloom") / "bloom", seed=5)
+    return hs.load_model(str(path), device="cpu"), path
+
+
+@pytest.fixture(scope="session")
 def deepseek_v3_dir(tmp_path_factory):
     """tests_support's "deepseek_v3" family as it is (multi-head latent attention, two dense layers, seed 0), built
     once for the MLA tests (models/test_mla.py, analyses/test_kv_mla.py)."""
