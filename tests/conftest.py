@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 # files to its workers in collection order (pyproject.toml's addopts), so these start first and the
 # short files fill the gaps, instead of one long file running alone at the end.
 LONG_FILES = (
-    "tests/test_cli.py", "tests/test_matrix_report.py", "tests/test_mixed_length_report.py",
+    "tests/test_cli.py", "tests/test_mixed_length_report.py", "tests/test_matrix_report.py",
     "tests/reports/test_minilm_report.py", "tests/test_distributed.py", "tests/reports/test_figures.py",
     "tests/test_faults.py", "tests/analyses/test_attribution.py", "tests/analyses/test_circuits_zoo.py",
     "tests/analyses/test_probes_zoo.py", "tests/reports/test_contract_report.py", "tests/test_examples.py",
