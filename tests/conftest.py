@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 # files to its workers in collection order (pyproject.toml's addopts), so these start first and the
 # short files fill the gaps, instead of one long file running alone at the end.
 LONG_FILES = (
-    "tests/test_cli.py", "tests/test_matrix_report.py", "tests/test_mixed_length_report.py",
+    "tests/test_cli.py", "tests/test_mixed_length_report.py", "tests/test_matrix_report.py",
     "tests/reports/test_minilm_report.py", "tests/test_distributed.py", "tests/reports/test_figures.py",
     "tests/test_faults.py", "tests/analyses/test_attribution.py", "tests/analyses/test_circuits_zoo.py",
     "tests/analyses/test_probes_zoo.py", "tests/reports/test_contract_report.py", "tests/test_examples.py",
@@ -123,6 +123,17 @@ def opt_model(tmp_path_factory):
     import headscope as hs
 
     path = build_tiny_model("opt", tmp_path_factory.mktemp("opt") / "opt")
+    return hs.load_model(str(path), device="cpu"), path
+
+
+@pytest.fixture(scope="session")
+def bloom_model(tmp_path_factory):
+    """(HookedModel, its directory) of tests_support's tiny "bloom" family (ALiBi), built once for the ALiBi tests
+    (analyses/test_alibi.py, analyses/test_edges_mlp_in.py, execution/test_resume.py; tests must not modify it).
+    Seed 5: test_edges_mlp_in needs a BLOOM above chance on tests_support.pair_task (seed 0 is at chance)."""
+    import headscope as hs
+
+    path = build_tiny_model("bloom", tmp_path_factory.mktemp("bloom") / "bloom", seed=5)
     return hs.load_model(str(path), device="cpu"), path
 
 

@@ -736,10 +736,14 @@ def test_strict_refuses_unknown_words_in_one_line_and_writes_nothing(tmp_path, m
 
 
 # ---- user data as it comes (#32 item 8) ---------------------------------------------------------------
-def test_pairs_of_two_lengths_are_counted_once_from_the_rows_patched(tmp_path, tiny_dirs, recwarn):
+def test_pairs_of_two_lengths_are_counted_once_from_the_rows_patched(tmp_path, tiny_dirs, recwarn, monkeypatch):
     """#34 item 6: a 70-row file, every other row's corrupted prompt one token short, patched on a
     seeded sample of 8: the task check's own 64-row sample (at least 29 such rows) warns nothing, so the
-    one warning counts the rows the analysis patched (at most 8), as its summary does."""
+    one warning counts the rows the analysis patched (at most 8), as its summary does. No figures are drawn
+    (Result.plot returns none): the warnings and the summary are what is checked."""
+    from headscope.analyses.core.result import Result
+
+    monkeypatch.setattr(Result, "plot", lambda self, **kwargs: {})
     rows = [{"prompt": f"w{i % 9 + 1} w{i % 7 + 2} w3", "answer": " w4", "wrong_answer": " w5",
              "corrupted_prompt": f"w{i % 9 + 1} w8 w3" if i % 2 else "w1 w2"} for i in range(70)]
     task = tmp_path / "seventy.jsonl"

@@ -78,10 +78,13 @@ def runs(tmp_path_factory):
     (root / "others").mkdir()
     # The single-process reference runs the same command in this process (main(), in its own folder, as
     # `python -m headscope` would there), sparing a fresh interpreter's imports; the ranks run in their own.
+    # It draws no figures (Result.plot returns none): only its CSVs and summaries are compared; rank 0 draws its own.
+    from headscope.analyses.core.result import Result
     from headscope.cli import main
 
-    with contextlib.chdir(root / "single"), warnings.catch_warnings():
+    with contextlib.chdir(root / "single"), warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
         warnings.simplefilter("ignore")
+        patch.setattr(Result, "plot", lambda self, **kwargs: {})
         assert main(list(ARGS)) == 0
     multi = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -126,8 +129,9 @@ def test_two_ranks_equal_one_process(runs, analysis):
 
 
 def test_only_rank_zero_writes(runs):
-    _, multi, others = runs
+    single, multi, others = runs
     assert (multi / "report.html").exists() and (multi / "manifest.json").exists()
+    assert list((multi / "heads").glob("*.png")) and not list(single.glob("*/*.png"))  # rank 0 drew; the reference not
     status = json.loads((multi / "manifest.json").read_text())["status"]
     assert status == {"heads": "done", "patching": "done"}
     assert list(others.iterdir()) == []

@@ -3,7 +3,8 @@ the user's own data (#19's "done when", the task-file side; tests/test_matrix_re
 without one): a JSONL file of English prompts of mixed token lengths in the user's own column names
 (tests_support.mixed_length_rows, MIXED_FIELDS). Every analysis is done or skipped with a reason,
 none failed, and manifest.json's task_used names the user's file exactly for the analyses whose
-contract takes prompt/answer data on that kind of model. The real CLI's main() runs in-process (the
+contract takes prompt/answer data on that kind of model, and every analysis done drew its figures (the only
+run of each architecture's figures in float32: tests/test_matrix_report.py draws none). The real CLI's main() runs in-process (the
 same argument parsing and exit status, without a second interpreter's start-up). GPT-2 and Llama run
 in the fast tier, the rest in the slow tier."""
 from __future__ import annotations
@@ -67,6 +68,8 @@ def test_the_quick_report_on_a_mixed_length_task_file_fails_nothing(arch, mixed_
     assert ours == USES_YOUR_TASK["encoder" if encoder else "decoder"], used
     for name in set(ANALYSES) - ours - skipped:
         assert used[name].startswith("default task"), (name, used[name])
+    for name in set(ANALYSES) - skipped:  # every analysis draws its figures here (test_matrix_report draws none)
+        assert list((out / name).glob("*.png")), name
     shown = pd.read_csv(out / "task_examples.csv", keep_default_na=False)
     assert shown["prompt"].tolist() == [r["text"] for r in rows]  # the user's prompts, under headscope's names
     assert (out / "report.html").is_file()

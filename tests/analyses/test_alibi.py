@@ -9,19 +9,20 @@ import headscope as hs
 from headscope.analyses.kv import analysis as kv
 from headscope.analyses.position.sinks import sink_rows, uniform_baseline
 from headscope.models.alibi import alibi_slopes, press_slopes
-from tests_support import build_tiny_model, hf_model, random_tokens
+from tests_support import hf_model, random_tokens
 
 SLOPES_4 = [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8]  # Press et al. for 4 heads: 2^(-8i/4), by hand
 
 
 @pytest.fixture(scope="module")
-def bloom_dir(tmp_path_factory):
-    return build_tiny_model("bloom", tmp_path_factory.mktemp("bloom") / "bloom")
+def bloom_dir(bloom_model):
+    return bloom_model[1]  # the session's tiny BLOOM (conftest.py)
 
 
 @pytest.fixture(scope="module")
-def bloom(bloom_dir):
-    return hs.load_model(str(bloom_dir), dtype="float32")
+def bloom(bloom_model):
+    assert bloom_model[0].dtype == torch.float32
+    return bloom_model[0]
 
 
 def hand_share(slopes, lengths, n_sink: int = 1, window: int | None = None, rows=None) -> float:

@@ -19,7 +19,10 @@ from tests_support import build_tiny_model, grad_and_ablated, pair_task
 def family(request, tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
-    path = build_tiny_model(request.param, tmp_path_factory.mktemp(request.param) / "m", seed=5)
+    if request.param == "bloom":  # the session's BLOOM checkpoint (conftest.py), loaded afresh here
+        path = request.getfixturevalue("bloom_model")[1]
+    else:
+        path = build_tiny_model(request.param, tmp_path_factory.mktemp(request.param) / "m", seed=5)
     hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
     return request.param, hs.load_model(str(path), device="cpu"), hf
 
