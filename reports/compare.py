@@ -49,6 +49,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
     _number,
     _overlay,
     chance_refusal,
+    idle_settings,
     same_model_words,
     tasks_differ,
 )
@@ -385,8 +386,10 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
         rows.append((f"{name} task", _task_text(pa), _task_text(pb)))
         rows.append((f"{name} examples", *(count_text(p) if isinstance(p.get("n_examples"), int) else p.get("n_examples")
                                            for p in (pa, pb))))  # "2375 token positions of 64 sentences" (11b N8)
-        if (pa.get("budget_changed") or {}) != (pb.get("budget_changed") or {}):  # review 14c-v C2: equal changes fitted
-            rows.append((f"{name} budget changes", _budget_text(pa), _budget_text(pb)))  # to other speeds: no setting differs
+        idle = idle_settings(a, b, name)  # review 17a A2: a change to a part that runs in neither run is no setting
+        ca, cb = ({k: v for k, v in (p.get("budget_changed") or {}).items() if k not in idle} for p in (pa, pb))
+        if ca != cb:  # review 14c-v C2: equal changes fitted to other speeds: no setting differs
+            rows.append((f"{name} budget changes", _budget_text(pa, idle), _budget_text(pb, idle)))
     same = same_model_words(a, b)  # review 15c C1: a dtype copy of one model is no model difference
     return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}"
             + (f" ({same})." if what == "model" and same else ".") for what, x, y in rows if x != y]
@@ -396,10 +399,11 @@ def _task_text(record: Mapping[str, Any]) -> str:
     return f"{record.get('task') or 'not recorded'} ({record.get('source') or 'source not recorded'})"
 
 
-def _budget_text(record: Mapping[str, Any]) -> str:
+def _budget_text(record: Mapping[str, Any], idle: frozenset[str] = frozenset()) -> str:
     """The settings a run's budget changed, with the speed it was fitted to where recorded (review 10a A2: two runs
-    of one command can differ here by the load at their start, not by any setting)."""
-    changed = record.get("budget_changed") or {}
+    of one command can differ here by the load at their start, not by any setting), less `idle` ones (settings of a
+    part that ran in neither run: compare_run.idle_settings)."""
+    changed = {k: v for k, v in (record.get("budget_changed") or {}).items() if k not in idle}
     text = ", ".join(f"{k} {v[0]} -> {v[1]}" if isinstance(v, (list, tuple)) and len(v) == 2 else f"{k} {v}"
                      for k, v in changed.items()) or "none"
     speed = record.get("budget_speed")

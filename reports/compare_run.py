@@ -364,9 +364,39 @@ def same_rows(a: Run, b: Run, name: str) -> bool:
 MEASURED_ROUNDING = {("heads", "unpruned"): "noise_floor"}  # (analysis, word of its headline): its rounding's summary key
 
 
+def _used(run: Run, name: str, key: str) -> Any:
+    """The value setting `key` of analysis `name` ran with where its budget changed it, else "preset"."""
+    moved = ((run.provenance(name) or {}).get("budget_changed") or {}).get(key)
+    return moved[1] if isinstance(moved, (list, tuple)) and len(moved) == 2 else "preset"
+
+
+def _traced(run: Run) -> bool | None:
+    """Whether the run's patching traced: True, False where it could not for its task (its summary's causal_tracing
+    not_run, other than trace_samples 0; an older summary: no record though its trace_samples were above 0), None
+    where not known (an older summary without a record whose budget set trace_samples to 0)."""
+    trace = (run.summary("patching") or {}).get("causal_tracing")
+    if isinstance(trace, Mapping):
+        why = str(trace.get("not_run") or "")
+        return True if not why else None if why == "trace_samples is 0" else False
+    return None if _used(run, "patching", "trace_samples") in (0, None) else False
+
+
+def idle_settings(a: Run, b: Run, name: str) -> frozenset[str]:
+    """Settings of analysis `name` that changed nothing in either run, so a budget's change to them is no setting
+    that differs (review 17a A2: "trace_samples A 1, B 0" was blamed for a difference though causal tracing runs on
+    neither run's task): patching's trace_samples where neither run traced and at least one could not for its task."""
+    if name != "patching":
+        return frozenset()
+    traced = [_traced(r) for r in (a, b)]
+    return frozenset({"trace_samples"}) if True not in traced and False in traced else frozenset()
+
+
 def feeding_settings(name: str, label: str) -> frozenset[str] | None:
     """The settings of analysis `name` that the number compare labels `label` depends on (review 16cv B3: a saliency
-    tau does not use the permutations); None where not known here: every setting counts."""
+    tau does not use the permutations; review 17a A2: patching's clean and corrupted prompts' metric uses none, its
+    examples aside, which same_rows checks); None where not known here: every setting counts."""
+    if name == "patching" and label.startswith(("patching clean prompts'", "patching corrupted prompts'")):
+        return frozenset()
     if name != "attribution":
         return None
     if "permutation" in label:
@@ -384,7 +414,7 @@ def settings_apart(a: Run, b: Run, name: str, only: frozenset[str] | None = None
     did not change ran at the other's preset (review 16c C1). only: just these settings (feeding_settings)."""
     changed = [((r.provenance(name) or {}).get("budget_changed") or {}) for r in (a, b)]
     out = []
-    keys = set(changed[0]) | set(changed[1])
+    keys = (set(changed[0]) | set(changed[1])) - idle_settings(a, b, name)
     for key in sorted(keys if only is None else keys & only):
         pair = [c.get(key) if isinstance(c.get(key), (list, tuple)) and len(c.get(key)) == 2 else None for c in changed]
         preset = next((p[0] for p in pair if p is not None), None)

@@ -306,3 +306,47 @@ def test_mlp_between_layer_flip_on_a_dtype_pair_is_rounding_and_marginal_is_said
                     "rounding difference, not sampling noise: one model on the same examples, run in two dtypes (A "
                     "float32, B bfloat16), so the verdict moved with bfloat16's rounding, a test near its threshold on "
                     "either side of it)."), note
+
+
+def _patching_run(root, folder, dtype, summary):
+    io.write_json(root / "manifest.json", {
+        "model": {"name": f"./{folder.name}", "source": str(folder)}, "seed": 0,
+        "config": {"analyses": ["patching"], "task": "fill.csv", "dtype": dtype, "quick": True, "n_examples": None}})
+    io.write_json(root / "patching" / "summary.json", {"metric": "logit_diff", "n_examples": 8, "metric_n": 8,
+                                                       "normalized": False, **summary})
+    io.write_json(root / "patching" / "task.json", {"task": "fill", "source": "your task (fill.csv)", "n_examples": 8,
+                                                    "rows": list(range(8)), "sample": {"prompt": "Ann has a <mask> hat."}})
+    return Run(root)
+
+
+NOT_TRACED = {"not_run": "the task marks no subject span to noise, and the model's tokenizer does not cover the zoo "
+                         "vocabulary for the zoo facts task, the one traced instead (causal tracing runs only on prompts "
+                         "with a subject span)"}
+
+
+def test_a_budget_change_to_causal_tracing_that_runs_in_neither_run_is_no_setting(tmp_path):
+    """Review 17a A2: causal tracing never ran on the user's task (no subject span), yet the budgets' trace_samples
+    None -> 1 (A) and None -> 0 (B) were listed as settings that differ and blamed, with the rounding, for the clean
+    prompts' logit difference (3.918648 against 3.919922), which no tracing setting could move."""
+    from headscope.reports.compare_run import settings_apart
+
+    fp32, bf16, _ = _folders(tmp_path)
+    ends = {"clean_metric_ci": [2.0, 6.0], "corrupted_metric_ci": [-6.0, -2.0]}
+    old = [_patching_run(tmp_path / side, folder, dtype, {  # older summaries: no causal_tracing record at all
+        "clean_metric": clean, "corrupted_metric": -4.33, **ends, "budget": {"changed": {"trace_samples": [None, k]}}})
+        for side, folder, dtype, clean, k in (("a", fp32, "float32", 3.918648, 1), ("b", bf16, "bfloat16", 3.919922, 0))]
+    new = [_patching_run(tmp_path / f"{side}2", folder, dtype, {
+        "clean_metric": clean, "corrupted_metric": -4.33, **ends, "causal_tracing": NOT_TRACED})
+        for side, folder, dtype, clean in (("a", fp32, "float32", 3.918648), ("b", bf16, "bfloat16", 3.919922))]
+    for a, b in (old, new):
+        assert settings_apart(a, b, "patching") == ""
+        assert [n for n in settings_notes(a, b, ["patching"]) if "budget" in n] == []
+        [clean] = [n for n in headline_notes(a, b) if "clean prompts'" in n]
+        assert "settings differ" not in clean and "|B - A| = 0.00127" in clean, clean
+    # where one run traced, its budget's cut is a setting that differs
+    traced = _patching_run(tmp_path / "c", fp32, "float32", {
+        "clean_metric": 3.918648, "corrupted_metric": -4.33, **ends, "budget": {"changed": {"trace_samples": [None, 1]}},
+        "causal_tracing": {"n_examples": 8, "clean_metric": 0.5, "corrupted_metric": 0.1}})
+    assert settings_apart(traced, old[1], "patching") == "trace_samples A 1, B 0"
+    assert [n for n in settings_notes(traced, old[1], ["patching"]) if "budget" in n] == [
+        "patching budget changes: A trace_samples None -> 1, B trace_samples None -> 0."]
