@@ -350,3 +350,68 @@ def test_a_budget_change_to_causal_tracing_that_runs_in_neither_run_is_no_settin
     assert settings_apart(traced, old[1], "patching") == "trace_samples A 1, B 0"
     assert [n for n in settings_notes(traced, old[1], ["patching"]) if "budget" in n] == [
         "patching budget changes: A trace_samples None -> 1, B trace_samples None -> 0."]
+
+
+def _site(layer, effect, ci, head=None, pos=36, share_ci=None):
+    return {"layer": layer, "head": head, "pos": None if head is not None else pos,
+            "from_end": None if head is not None else -1, "token": "36:  to", "effect": effect, "ci": ci, "n": 8,
+            **({"share_ci": share_ci} if share_ci else {})}
+
+
+def _sites_summary(attn, head, mlp, clean, corrupted):
+    return {"clean_metric": clean, "corrupted_metric": corrupted, "clean_metric_ci": [2.0, 6.0],
+            "corrupted_metric_ci": [-6.0, -2.0], "rounding_floor": {"basis": "measured", "floor": 0.015625, "n_cells": 36},
+            "top_sites": {"attn_out": attn, "head_out": head, "mlp_out": mlp}, "causal_tracing": NOT_TRACED}
+
+
+def test_top_patching_sites_of_one_model_in_two_dtypes_are_judged_by_rounding_not_intervals(tmp_path):
+    """Review 17a C1: attn_out L0 at +8.239 (float32) and +8.2246 (bfloat16), a quarter of one bfloat16 step at 8, was
+    "beyond noise" by the examples' intervals; mlp_out L1 (-0.0214) against L2 (+0.0234), both intervals reaching 0,
+    were "different sites"; two head_out cells that swap by less than the rounding floor were a differing top site."""
+    import html
+    import re
+
+    import torch
+
+    from headscope.reports.compare import patching_section
+
+    # bfloat16 keeps 8 significand bits: at 8 its spacing is 2^(3 - 7) = 0.0625, by torch's own rounding
+    assert float(torch.tensor(8.0625, dtype=torch.bfloat16)) == 8.0625
+    assert float(torch.tensor(8.0 + 0.0625 * 0.49, dtype=torch.bfloat16)) == 8.0
+    fp32, bf16, other = _folders(tmp_path)
+    a = _patching_run(tmp_path / "a", fp32, "float32", _sites_summary(
+        [_site(0, 8.239032, [3.68, 12.80], share_ci=[0.99762, 1.00111])],
+        [_site(0, 0.50, [0.499, 0.501], head=5), _site(0, 0.49, [0.489, 0.491], head=1)],  # not tied by intervals
+        [_site(0, 0.1224, [-0.21, 0.45]), _site(1, -0.021377, [-0.0547, 0.0119])], 3.918648, -4.325621))
+    b = _patching_run(tmp_path / "b", bf16, "bfloat16", _sites_summary(
+        [_site(0, 8.224609, [3.67, 12.78], share_ci=[0.99486, 0.99899])],
+        [_site(0, 0.50, [0.499, 0.501], head=1), _site(0, 0.495, [0.494, 0.496], head=5)],
+        [_site(0, 0.1348, [-0.20, 0.47]), _site(2, 0.0234375, [-0.0979, 0.1448])], 3.919922, -4.330078))
+    table, notes = patching_section(a, b)
+    verdicts = [html.unescape(re.findall(r"<td>(.*?)</td>", r)[-1]) for r in re.findall(r"<tr>(.*?)</tr>", table)[1:]]
+    assert verdicts == [
+        "the same cell; |B - A| = 0.0144 logit difference, bfloat16's rounding: within its step here (0.0625: one "
+        "bfloat16 step at 8.24)",
+        "different cells ranked apart by bfloat16's rounding: A's cell moves by 0.005 and B's by 0.01 logit difference "
+        "between the runs, within its rounding step here (0.0156: the runs' rounding floor; one bfloat16 step at 0.5 is "
+        "0.00391)",
+        "different cells ranked apart by bfloat16's rounding: A's cell moves by 0.01 and B's by 0.005 logit difference "
+        "between the runs, within its rounding step here (0.0156: the runs' rounding floor; one bfloat16 step at 0.5 is "
+        "0.00391)",
+        "the same cell; |B - A| = 0.0124 logit difference, bfloat16's rounding: within its step here (0.0156: the "
+        "runs' rounding floor; one bfloat16 step at 0.135 is 0.000977)",
+        "different cells, neither clear of 0 in its own run (each 95% CI reaches 0): no site in either run"], verdicts
+    assert "one model on the same examples in two dtypes (A float32, B bfloat16)" in html.unescape(table)
+    assert notes == ["(same) Top head_out site: A lists head_out L0 H5 first, B head_out L0 H1: not a difference: "
+                     + verdicts[1] + "."]
+    # another model (other weights): the examples' intervals judge it, as before
+    c = _patching_run(tmp_path / "c", other, "bfloat16", b.summary("patching"))
+    table, notes = patching_section(a, c)
+    assert "beyond noise: not each inside the other's 95% interval" in html.unescape(table)
+    # a move past the step is said as the precision's, not rounding
+    moved = {**b.summary("patching"), "top_sites": {**b.summary("patching")["top_sites"],
+                                                     "attn_out": [_site(0, 7.9, [3.6, 12.2], share_ci=[0.95, 0.97])]}}
+    d = _patching_run(tmp_path / "d", bf16, "bfloat16", moved)
+    assert ("beyond rounding: |B - A| = 0.339 logit difference, more than bfloat16's step here (0.0625: one bfloat16 "
+            "step at 8.24): the precision changes the computation here, not only its rounding") in html.unescape(
+        patching_section(a, d)[0])
