@@ -45,6 +45,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
     NOT_COMPARED,
     OVERLAY_TITLE,
     PRECISION_BITS,
+    ROUNDING,
     SAME,
     SIDES,
     Run,
@@ -55,6 +56,8 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
     dtype_of,
     idle_settings,
     precision_only,
+    rounding_move,
+    rounding_premise,
     same_model_words,
     same_rows,
     tasks_differ,
@@ -578,7 +581,7 @@ def failed_notes(a: Run, b: Run, names: list[str]) -> list[str]:
 
 
 def _plain(note: str) -> str:
-    return note.removeprefix(SAME).removeprefix(NOT_COMPARED)
+    return note.removeprefix(SAME).removeprefix(NOT_COMPARED).removeprefix(ROUNDING)
 
 
 def report_links(a: Run, b: Run, page: Path | None) -> str:
@@ -620,18 +623,23 @@ def compare_html(a: Run, b: Run, page: Path | None = None) -> str:
     notes += failed_notes(a, b, names)
     figures, figure_notes = figures_section(a, b, names)
     notes += figure_notes
-    differ = [n for n in notes if not n.startswith((SAME, NOT_COMPARED))]
+    differ = [n for n in notes if not n.startswith((SAME, NOT_COMPARED, ROUNDING))]
+    rounded = sorted((_plain(n) for n in notes if n.startswith(ROUNDING)), key=rounding_move, reverse=True)
     refused = [_plain(n) for n in notes if n.startswith(NOT_COMPARED)]
     agreed = [_plain(n) for n in notes if n.startswith(SAME)]  # review 14b C1: listed, never dropped
     rows = "".join(f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{_finding_cell(r, name)}</td>" for r in (a, b)) + "</tr>"
                    for name in names)
     head = (f"<tr><th></th><th>A: {escape(a.label_against(b))}<br><small>{escape(str(a.path))}</small></th>"
             f"<th>B: {escape(b.label_against(a))}<br><small>{escape(str(b.path))}</small></th></tr>")
-    compared = differ or any(n.startswith(SAME) for n in notes)  # each section says a comparison it made (SAME or not)
+    compared = differ or rounded or any(n.startswith(SAME) for n in notes)  # each section says a comparison it made
     differences = "".join(f"<li>{escape(n)}</li>" for n in differ) or (
+        "<li>None beyond the rounding moves below.</li>" if rounded else
         "<li>No difference above the thresholds.</li>" if compared or not refused else
         "<li>Nothing could be compared: every quantity is listed under Not compared, and why (no difference was "
         "tested).</li>")
+    if rounded:  # review 17b B1: after the differences, one compact group, its premise said once
+        differences += (f"</ul><p class='rounding'>{escape(rounding_premise(a, b))}</p><ul class='rounding'>"
+                        + "".join(f"<li>{escape(n)}</li>" for n in rounded))
     not_compared = "".join(f"<li>{escape(n)}</li>" for n in refused) or "<li>Nothing: every quantity above is compared.</li>"
     same = "".join(f"<li>{escape(n)}</li>" for n in agreed) or "<li>Nothing.</li>"
     settings = settings_notes(a, b, names)

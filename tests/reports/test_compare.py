@@ -2223,7 +2223,8 @@ def test_settings_list_a_budget_change_only_where_the_changes_differ(tmp_path):
     s per flop, and "patching budget changes" was listed under "Settings that differ". The same change is no setting
     that differs; another change still is."""
     for side, samples in (("a", 1), ("b", 1), ("c", 2)):
-        _one(tmp_path / side, "patching", {"budget": {"changed": {"trace_samples": [None, samples]}}})
+        _one(tmp_path / side, "patching", {"budget": {"changed": {"trace_samples": [None, samples]}},
+                                           "causal_tracing": {"n_examples": 8}})  # traced: the cut is a setting
     notes = settings_notes(Run(tmp_path / "a"), Run(tmp_path / "b"), ["patching"])
     assert not any("budget changes" in n for n in notes), notes
     notes = settings_notes(Run(tmp_path / "a"), Run(tmp_path / "c"), ["patching"])
