@@ -18,9 +18,11 @@ Every string from the folders is escaped; figures are inline PNG.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -42,6 +44,8 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
     NO_INTERVAL,
     NOT_COMPARED,
     OVERLAY_TITLE,
+    PRECISION_BITS,
+    ROUNDING,
     SAME,
     SIDES,
     Run,
@@ -49,10 +53,16 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
     _number,
     _overlay,
     chance_refusal,
+    dtype_of,
+    idle_settings,
+    precision_only,
+    rounding_move,
+    rounding_premise,
     same_model_words,
+    same_rows,
     tasks_differ,
 )
-from headscope.reports.findings import _ci, _words, finding
+from headscope.reports.findings import _ci, _words, ci_pair, finding
 from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.patching_sites import KV_SITES, by_construction, share, tied
 from headscope.reports.patching_words import _gap
@@ -155,6 +165,8 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
     gaps = [_gap(s) for s in sums]
     floor = comparison_floor(sums, gaps)
     differ = prompts_differ(a, b, "patching")
+    rounding = rounding_pair(a, b)  # one model on the same examples in two dtypes: differences are its rounding
+    verdicts: dict[str, str] = {}  # each site type's first row's verdict
     unmatched: list[str] = []  # site types whose positions name tokens of different prompts
     for kind in kinds:
         cells = [t.get(kind, [])[:n] for t in tops]
@@ -173,7 +185,9 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
                            else f"{escape(_site_name(kind, cell))}: {escape(_effect_text(effect, gap, s, cell))}"
                            + (f" <em>({escape(floor[1])}: rounding, not ranked)</em>" if _under(cell, floor) else ""))
             pair = [side[i] if i < len(side) else None for side in cells]
-            row.append(escape(_row_verdict(kind, pair, gaps, floor)))
+            verdict = _row_verdict(kind, pair, gaps, floor, rounding)
+            verdicts.setdefault(kind, verdict)
+            row.append(escape(verdict))
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         swap = _tied_swap(kind, [t.get(kind) or [] for t in tops], gaps, sums) if all(firsts) else None
@@ -183,6 +197,9 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
         elif all(firsts) and firsts[0] != firsts[1] and swap:
             notes.append(SAME + f"Top {kind} site: A lists {_site_name(kind, cells[0][0])} first, B "
                                 f"{_site_name(kind, cells[1][0])}: not a difference, {swap}.")
+        elif all(firsts) and firsts[0] != firsts[1] and verdicts.get(kind, "").startswith(NO_DIFFERENCE):
+            notes.append(SAME + f"Top {kind} site: A lists {_site_name(kind, cells[0][0])} first, B "
+                                f"{_site_name(kind, cells[1][0])}: not a difference: {verdicts[kind]}.")
         elif all(firsts) and firsts[0] != firsts[1]:
             # review 7 A0: its own name; `n` (the sites listed per type) is read again by the next site type
             counts = f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""
@@ -196,7 +213,7 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
         rows.append(f"<tr><td>{escape(kind)} aligned on {escape(where)}</td>"
                     + "".join(f"<td>{escape(t)}" + (f" <em>({escape(floor[1])}: rounding, not ranked)</em>"
                                                      if _under(c, floor) else "") + "</td>" for t, c in zip(texts, (ca, cb)))
-                    + f"<td>{escape(_row_verdict(kind, [ca, cb], gaps, floor))}</td></tr>")
+                    + f"<td>{escape(_row_verdict(kind, [ca, cb], gaps, floor, rounding))}</td></tr>")
         if not (_under(ca, floor) and _under(cb, floor)):
             notes.append(aligned_note(kind, where, (ca, cb), texts, False))
     if unmatched:  # one line for every site type with positions
@@ -207,6 +224,8 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
         notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared end-aligned: {differ}{instead}.")
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th><th>A vs B</th></tr>"
              + "".join(rows) + "</table>")
+    if rounding is not None:  # the premise of every row's verdict, said once (review 17a C1)
+        table = f"<p>{escape(rounding.premise())}</p>" + table
     return table, notes
 
 
@@ -280,30 +299,124 @@ def _tied_swap(kind: str, tops: list[list], gaps: list, sums: list) -> str | Non
             f"arbitrary ({ties})")
 
 
-def _row_verdict(kind: str, pair: list, gaps: list, floor: tuple[float, str] | None = None) -> str:
+@dataclass(frozen=True)
+class RoundingPair:
+    """A and B are one model on the same examples in two dtypes (compare_run.precision_only, same_rows): a difference
+    between their patching cells is the lower dtype's rounding, not sampling noise (review 17a C1), judged against its
+    rounding step at the effect's size (`step`). `tops`: each run's listed cells of every site type, to read the
+    other run's cell where a row's cells differ."""
+
+    low: str
+    dtypes: str
+    tops: tuple[Mapping[str, Any], Mapping[str, Any]]
+    unit: str = ""  # " logit difference": the metric's words after a raw number
+
+    def step(self, sizes: list[float], floor: tuple[float, str] | None) -> tuple[float, str]:
+        """(the rounding step a difference at these sizes is judged against, its words): the larger of one step of
+        the lower dtype at the largest size (2^(exponent - significand bits + 1)) and the runs' rounding floor."""
+        size = max(abs(x) for x in sizes)
+        bits = PRECISION_BITS[self.low]
+        ulp = 2.0 ** (math.floor(math.log2(size)) - bits + 1) if size > 0 else 0.0
+        if floor is not None and floor[0] >= ulp:
+            return floor[0], f"the runs' rounding floor; one {self.low} step at {size:.3g} is {ulp:.3g}"
+        return ulp, f"one {self.low} step at {size:.3g}"
+
+    def premise(self) -> str:
+        return (f"A and B are one model on the same examples in two dtypes ({self.dtypes}): a difference between their "
+                f"cells is {self.low}'s rounding, not sampling noise, so the last column judges it against {self.low}'s "
+                f"rounding step at the effect's size (the larger of one {self.low} step there and the runs' rounding "
+                "floor), not by the examples' 95% intervals.")
+
+    def effect(self, side: int, kind: str, key: tuple) -> float | None:
+        """Run `side`'s effect of cell `key` where its summary lists it (the top cells of its site type)."""
+        cell = next((c for c in self.tops[side].get(kind) or [] if _cell_key(c) == key), None)
+        return float(cell["effect"]) if cell is not None and _number(cell.get("effect")) else None
+
+
+def rounding_pair(a: Run, b: Run) -> RoundingPair | None:
+    """The RoundingPair of A and B's patching, None where they are not one model on the same examples in two dtypes."""
+    sides = precision_only(a, b)
+    if sides is None or not same_rows(a, b, "patching"):
+        return None
+    sums = [r.summary("patching") or {} for r in (a, b)]
+    metric = _words(sums[0].get("metric", "")) if not sums[0].get("normalized") else ""
+    return RoundingPair(low=dtype_of((a, b)[sides[1]]), dtypes=f"A {dtype_of(a)}, B {dtype_of(b)}",
+                        tops=(sums[0].get("top_sites") or {}, sums[1].get("top_sites") or {}),
+                        unit=f" {metric}" if metric else "")
+
+
+NO_DIFFERENCE = ("within noise", "the same cell", "different cells, neither", "different cells ranked apart",
+                 "different cells;")  # the starts of a row verdict that says the runs do not differ there
+
+
+def _clear_of_zero(cell: Mapping[str, Any]) -> bool | None:
+    """Whether a cell's 95% interval (raw units) excludes 0; None without one."""
+    ci = ci_pair(cell.get("ci"))
+    return None if ci is None else min(ci) > 0 or max(ci) < 0
+
+
+def _row_verdict(kind: str, pair: list, gaps: list, floor: tuple[float, str] | None = None,
+                 rounding: RoundingPair | None = None) -> str:
     """Whether A's and B's cells of one table row differ beyond the runs' noise (review 9a C8: "L0H2: 0.48 of the gap"
     against "0.37" was given bare, though each lies inside the other's 95% interval): each share of its own run's gap
     inside the other's interval is "within noise", as compare says of taus; '' where either has no interval. Cells
     both under the runs' rounding floor (comparison_floor) are within noise whatever their intervals: no site in
-    either run (review 13a A4)."""
+    either run (review 13a A4); different cells whose 95% intervals both reach 0 are no site in either run (review 17a
+    C1). Where A and B are one model on the same examples in two dtypes (`rounding`), the examples' intervals do not
+    judge a difference between them: a cell's |B - A| is the lower dtype's rounding, within or beyond its rounding
+    step at the effect's size (RoundingPair.step), and different cells are ranked apart by rounding where neither
+    cell moves by more than that step between the runs (review 17a C1: 8.24 against 8.22 logits, a third of one
+    bfloat16 step at 8, was called "beyond noise")."""
     if any(c is None for c in pair):
         return ""
     if all(_under(c, floor) for c in pair):
         return f"within noise: both cells are {floor[1]}: no site in either run, not ranked"
+    same = _cell_key(pair[0]) == _cell_key(pair[1])
+    under = [side for side, c in zip(SIDES, pair) if _under(c, floor)]
+    if under and not same:  # one run's cell is rounding: no site to set against the other's
+        return f"different cells; {under[0]}'s is {floor[1]}: not a site"
+    if not same and all(_clear_of_zero(c) is False for c in pair):
+        return "different cells, neither clear of 0 in its own run (each 95% CI reaches 0): no site in either run"
+    if rounding is not None:
+        return _rounding_verdict(kind, pair, gaps, floor, rounding, same)
     said = [share(c, gap, gap is None) for c, gap in zip(pair, gaps)]
     if any(x is None or x[1] is None for x in said):
         return ""
     (va, ca), (vb, cb) = said
     mutual = tied({"effect": va, "ci": ca}, {"effect": vb, "ci": cb})
-    same = _cell_key(pair[0]) == _cell_key(pair[1])
-    under = [side for side, c in zip(SIDES, pair) if _under(c, floor)]
-    if under and not same:  # one run's cell is rounding: no site to set against the other's
-        return f"different cells; {under[0]}'s is {floor[1]}: not a site"
     if same:
         return ("within noise: each inside the other's 95% interval" if mutual
                 else "beyond noise: not each inside the other's 95% interval")
     return ("different sites, their effects within noise: each inside the other's 95% interval" if mutual
             else "different sites")
+
+
+def _rounding_verdict(kind: str, pair: list, gaps: list, floor: tuple[float, str] | None, rounding: RoundingPair,
+                      same: bool) -> str:
+    """_row_verdict's words on one model in two dtypes (RoundingPair): the same cell's |B - A| against the rounding
+    step, or different cells ranked apart by rounding (neither moves by more than the step between the runs, each
+    read in both runs' lists), else different sites."""
+    effects = [float(c["effect"]) for c in pair]
+    unit = rounding.unit
+    if same:
+        diff = abs(effects[1] - effects[0])
+        step, why = rounding.step(effects, floor)
+        if diff <= step:
+            return (f"the same cell; |B - A| = {diff:.3g}{unit}, {rounding.low}'s rounding: within its step here "
+                    f"({step:.3g}: {why})")
+        return (f"beyond rounding: |B - A| = {diff:.3g}{unit}, more than {rounding.low}'s step here ({step:.3g}: "
+                f"{why}): the precision changes the computation here, not only its rounding")
+    keys = [_cell_key(c) for c in pair]
+    table = [[rounding.effect(side, kind, key) for key in keys] for side in (0, 1)]  # [run][cell]
+    if any(x is None for row in table for x in row):
+        return "different sites"
+    moves = [abs(table[1][i] - table[0][i]) for i in (0, 1)]
+    step, why = rounding.step([x for row in table for x in row], floor)
+    said = f"A's cell moves by {moves[0]:.2g} and B's by {moves[1]:.2g}{unit} between the runs"
+    if max(moves) <= step:
+        return (f"different cells ranked apart by {rounding.low}'s rounding: {said}, within its rounding step here "
+                f"({step:.3g}: {why})")
+    return f"different sites: {said}, more than {rounding.low}'s rounding step here ({step:.3g}: {why})"
 
 
 def _with_ci(kind: str, cell: Mapping[str, Any], gap: float | None) -> str:
@@ -385,8 +498,10 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
         rows.append((f"{name} task", _task_text(pa), _task_text(pb)))
         rows.append((f"{name} examples", *(count_text(p) if isinstance(p.get("n_examples"), int) else p.get("n_examples")
                                            for p in (pa, pb))))  # "2375 token positions of 64 sentences" (11b N8)
-        if (pa.get("budget_changed") or {}) != (pb.get("budget_changed") or {}):  # review 14c-v C2: equal changes fitted
-            rows.append((f"{name} budget changes", _budget_text(pa), _budget_text(pb)))  # to other speeds: no setting differs
+        idle = idle_settings(a, b, name)  # review 17a A2: a change to a part that runs in neither run is no setting
+        ca, cb = ({k: v for k, v in (p.get("budget_changed") or {}).items() if k not in idle} for p in (pa, pb))
+        if ca != cb:  # review 14c-v C2: equal changes fitted to other speeds: no setting differs
+            rows.append((f"{name} budget changes", _budget_text(pa, idle), _budget_text(pb, idle)))
     same = same_model_words(a, b)  # review 15c C1: a dtype copy of one model is no model difference
     return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}"
             + (f" ({same})." if what == "model" and same else ".") for what, x, y in rows if x != y]
@@ -396,10 +511,11 @@ def _task_text(record: Mapping[str, Any]) -> str:
     return f"{record.get('task') or 'not recorded'} ({record.get('source') or 'source not recorded'})"
 
 
-def _budget_text(record: Mapping[str, Any]) -> str:
+def _budget_text(record: Mapping[str, Any], idle: frozenset[str] = frozenset()) -> str:
     """The settings a run's budget changed, with the speed it was fitted to where recorded (review 10a A2: two runs
-    of one command can differ here by the load at their start, not by any setting)."""
-    changed = record.get("budget_changed") or {}
+    of one command can differ here by the load at their start, not by any setting), less `idle` ones (settings of a
+    part that ran in neither run: compare_run.idle_settings)."""
+    changed = {k: v for k, v in (record.get("budget_changed") or {}).items() if k not in idle}
     text = ", ".join(f"{k} {v[0]} -> {v[1]}" if isinstance(v, (list, tuple)) and len(v) == 2 else f"{k} {v}"
                      for k, v in changed.items()) or "none"
     speed = record.get("budget_speed")
@@ -465,7 +581,7 @@ def failed_notes(a: Run, b: Run, names: list[str]) -> list[str]:
 
 
 def _plain(note: str) -> str:
-    return note.removeprefix(SAME).removeprefix(NOT_COMPARED)
+    return note.removeprefix(SAME).removeprefix(NOT_COMPARED).removeprefix(ROUNDING)
 
 
 def report_links(a: Run, b: Run, page: Path | None) -> str:
@@ -507,18 +623,23 @@ def compare_html(a: Run, b: Run, page: Path | None = None) -> str:
     notes += failed_notes(a, b, names)
     figures, figure_notes = figures_section(a, b, names)
     notes += figure_notes
-    differ = [n for n in notes if not n.startswith((SAME, NOT_COMPARED))]
+    differ = [n for n in notes if not n.startswith((SAME, NOT_COMPARED, ROUNDING))]
+    rounded = sorted((_plain(n) for n in notes if n.startswith(ROUNDING)), key=rounding_move, reverse=True)
     refused = [_plain(n) for n in notes if n.startswith(NOT_COMPARED)]
     agreed = [_plain(n) for n in notes if n.startswith(SAME)]  # review 14b C1: listed, never dropped
     rows = "".join(f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{_finding_cell(r, name)}</td>" for r in (a, b)) + "</tr>"
                    for name in names)
     head = (f"<tr><th></th><th>A: {escape(a.label_against(b))}<br><small>{escape(str(a.path))}</small></th>"
             f"<th>B: {escape(b.label_against(a))}<br><small>{escape(str(b.path))}</small></th></tr>")
-    compared = differ or any(n.startswith(SAME) for n in notes)  # each section says a comparison it made (SAME or not)
+    compared = differ or rounded or any(n.startswith(SAME) for n in notes)  # each section says a comparison it made
     differences = "".join(f"<li>{escape(n)}</li>" for n in differ) or (
+        "<li>None beyond the rounding moves below.</li>" if rounded else
         "<li>No difference above the thresholds.</li>" if compared or not refused else
         "<li>Nothing could be compared: every quantity is listed under Not compared, and why (no difference was "
         "tested).</li>")
+    if rounded:  # review 17b B1: after the differences, one compact group, its premise said once
+        differences += (f"</ul><p class='rounding'>{escape(rounding_premise(a, b))}</p><ul class='rounding'>"
+                        + "".join(f"<li>{escape(n)}</li>" for n in rounded))
     not_compared = "".join(f"<li>{escape(n)}</li>" for n in refused) or "<li>Nothing: every quantity above is compared.</li>"
     same = "".join(f"<li>{escape(n)}</li>" for n in agreed) or "<li>Nothing.</li>"
     settings = settings_notes(a, b, names)

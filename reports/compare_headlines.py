@@ -385,8 +385,11 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             pairs += paired(MORE[name](sa), MORE[name](sb))
         differ = tasks_differ(a, b, name) or (_metrics_differ(name, sa, sb) if same_labels else "")
         if name == "kv":  # stated at chance too (what was measured), the size whatever the task (review 14b-v C2)
-            notes += _kv_size_note(sa, sb) + sink_note(sa, sb, tasks_differ(a, b, name)) + \
-                norm_note(sa, sb, tasks_differ(a, b, name))
+            from headscope.reports.compare_run import rounding_dtypes
+
+            pair = rounding_dtypes(a, b, name)  # verification 17v C3: one model in two dtypes: rounding, as every row
+            notes += _kv_size_note(sa, sb) + sink_note(sa, sb, tasks_differ(a, b, name), rounding=pair) + \
+                norm_note(sa, sb, tasks_differ(a, b, name), rounding=pair)
         said = [v[0] for v in VERDICTS.get(name, lambda _: [])(sa)]  # the verdict headlines, by label
         said += [v[0] for v in VERDICTS.get(name, lambda _: [])(sb) if v[0] not in said]
         said += ["circuits DLA top writer"] if name == "circuits" and (dla_top(sa) or dla_top(sb)) else []
@@ -446,10 +449,10 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                 notes.append((SAME if verdict.startswith(" (within noise") else "") + f"{label}: A {va:.3f}, B "
                              f"{vb:.3f} ({n})" + verdict)
                 continue
-            from headscope.reports.compare_run import precision_verdict
+            from headscope.reports.compare_run import rounding_note
 
-            if (rounding := precision_verdict(a, b, name, va, vb, label)) is not None:  # review 15c B3: one model, two dtypes
-                notes.append((SAME if va == vb else "") + f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + rounding)
+            if (rounding := rounding_note(a, b, name, label, va, vb, n)) is not None:  # review 15c B3: one model, two
+                notes.append(rounding)  # dtypes; 17b B1: a short note in the page's rounding group
                 continue
             if f"{va:.3g}" == f"{vb:.3g}" and (ia is None or ib is None):  # equal as the findings print them
                 notes.append(SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n}): equal at the shown precision (3 "

@@ -197,10 +197,38 @@ def _rows(records: Any, value: str) -> dict[int, Mapping[str, Any]]:
             if isinstance(r, Mapping) and _number(r.get(value)) and _number(r.get("layer"))}
 
 
-def _layers_note(label: str, ra: dict, rb: dict, value: str, unit: str, differ: str) -> list[str]:
+def _rounded_layers(label: str, ra: dict, rb: dict, value: str, n: str, rounding: tuple[str, str]) -> list[str]:
+    """Per-layer values of one model on the same prompts in two dtypes (verification 17v C3: judged by the prompts'
+    intervals while the page's other rows said those do not judge a rounding difference): the same in every layer,
+    equal at the shown 2 decimals (SAME, with the digits that show the move), or a ROUNDING note with the largest
+    |B - A|; never a sampling verdict."""
+    from headscope.reports.compare_run import ROUNDING
+    from headscope.reports.patching_words import distinct_pair
+
+    low, dtypes = rounding
+    layers = sorted(ra)
+    diffs = {k: abs(rb[k][value] - ra[k][value]) for k in layers}
+    if not any(diffs.values()):
+        return [SAME + f"{label}: the same in every layer in both dtypes ({dtypes}), one model on the same prompts: "
+                + "; ".join(f"layer {k} {ra[k][value]:.2f}" for k in layers) + f" ({n})."]
+    top = max(layers, key=diffs.__getitem__)
+    if all(f"{ra[k][value]:.2f}" == f"{rb[k][value]:.2f}" for k in layers):
+        shown = {k: distinct_pair(ra[k][value], rb[k][value]) for k in layers}
+        return [SAME + f"{label}: equal in every layer at the shown precision (2 decimals), moved below it by {low}'s "
+                f"rounding (one model on the same prompts in two dtypes, {dtypes}; largest |B - A| {diffs[top]:.2g}, "
+                f"layer {top}): " + "; ".join(f"layer {k} A {shown[k][0]}, B {shown[k][1]}" for k in layers) + f" ({n})."]
+    return [ROUNDING + f"{label}: layer {top} moved most: A {ra[top][value]:.3g}, B {rb[top][value]:.3g}, "
+            f"|B - A| = {diffs[top]:.3g}; every layer: "
+            + "; ".join(f"layer {k} A {ra[k][value]:.2f}, B {rb[k][value]:.2f}" for k in layers) + f" ({n})."]
+
+
+def _layers_note(label: str, ra: dict, rb: dict, value: str, unit: str, differ: str,
+                 rounding: tuple[str, str] | None = None) -> list[str]:
     """Per-layer records (value, ci, n) of A and B judged layer by layer by their recorded 95% intervals
     (noise_verdict): beyond noise where any layer is, naming those and the others within; within noise in every
-    layer; not compared where an interval is missing, the runs' layers differ or `differ` says why."""
+    layer; not compared where an interval is missing, the runs' layers differ or `differ` says why. Where A and B are
+    one model on the same prompts in two dtypes (`rounding`: the lower dtype and the dtypes in words), by rounding
+    instead (_rounded_layers), as every other row of the page judges such a pair."""
     from headscope.reports.compare_headlines import NOT_STATED
     from headscope.reports.compare_notes import _n_text
 
@@ -211,6 +239,8 @@ def _layers_note(label: str, ra: dict, rb: dict, value: str, unit: str, differ: 
         why = differ or f"the runs' layers differ (A {len(ra)}, B {len(rb)})"
         return [NOT_COMPARED + f"{label}: not compared: {why}."]
     n = _n_text(ra[min(ra)].get("n"), rb[min(rb)].get("n"), unit)
+    if rounding is not None:
+        return _rounded_layers(label, ra, rb, value, n, rounding)
     kinds: dict[str, list[str]] = {"within": [], "beyond": [], "unknown": []}
     for layer in sorted(ra):
         a, b = ra[layer], rb[layer]
@@ -243,7 +273,8 @@ def _sink_baseline_words(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
     return a if a == b else f"each run's own baseline (A {a}, B {b})"
 
 
-def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", name: str = "kv") -> list[str]:
+def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", name: str = "kv",
+              rounding: tuple[str, str] | None = None) -> list[str]:
     """Review 14b-v C2: the attention on the first token(s) per layer that the kv and position findings state
     (findings.sink_sentence: mean over prompts or examples with its 95% t interval) compared layer by layer by those
     intervals, and which layers each calls sinks (the same verdict or a difference); not compared where the runs ran
@@ -270,7 +301,7 @@ def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", na
     if differ or set(ra) != set(rb):
         why = differ or f"the runs' layers differ (A {len(ra)}, B {len(rb)})"
         return [NOT_COMPARED + f"{label} and which layers are sinks: not compared: {why}."]
-    notes = _layers_note(label, ra, rb, "mass", unit, "")
+    notes = _layers_note(label, ra, rb, "mass", unit, "", rounding)
     sinks = [[layer for layer, r in rows.items() if r.get("sink")] for rows in (ra, rb)]
     words = [f"layer{'s' * (len(x) > 1)} {', '.join(map(str, sorted(x)))}" if x else "none" for x in sinks]
     rule = f"at least {SINK_RATIO:g}x {_sink_baseline_words(sa, sb)}, its excess 95%-CI above 0"
@@ -283,7 +314,8 @@ def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", na
     return notes
 
 
-def norm_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "") -> list[str]:
+def norm_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "",
+              rounding: tuple[str, str] | None = None) -> list[str]:
     """The kv finding's first-key norm ratio per layer (its `key_norm_ratios` records: each prompt's ratio, mean over
     the prompts with its 95% t interval; kv_cache_words._norm_sentence) compared layer by layer by those intervals; layers
     the finding leaves out (keys normalised before caching) are left out here too; an older summary's ratios
@@ -297,18 +329,19 @@ def norm_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "") ->
         if not isinstance(records, list):  # an older summary: ratios without an interval or n
             records = [{"layer": int(k), "ratio": v} for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items()]
         rows.append({k: r for k, r in _rows(records, "ratio").items() if str(k) in keep})
-    return _layers_note(NORM_LABEL, rows[0], rows[1], "ratio", "prompts", differ)
+    return _layers_note(NORM_LABEL, rows[0], rows[1], "ratio", "prompts", differ, rounding)
 
 
 def more_notes(a: Run, b: Run) -> list[str]:
     """The position finding's first-token attention (sink_note), compared whatever the curves' chance verdict: the
     finding states it at chance too (a property of the attention, not the task)."""
-    from headscope.reports.compare_run import tasks_differ
+    from headscope.reports.compare_run import rounding_dtypes, tasks_differ
 
     sa, sb = a.summary("position"), b.summary("position")
     if sa is None or sb is None:
         return []
-    return sink_note(sa, sb, tasks_differ(a, b, "position"), name="position")
+    return sink_note(sa, sb, tasks_differ(a, b, "position"), name="position",
+                     rounding=rounding_dtypes(a, b, "position"))
 
 
 __all__ = ["MORE", "SIDES", "measure_apart", "measure_withheld", "more_notes", "norm_note", "paired", "r_verdict",

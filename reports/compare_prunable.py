@@ -61,15 +61,32 @@ def first_removed(run: Run, ordering: str) -> list[str] | None:
     return out or None
 
 
-def _swap(orders: list[list[str]], upto: int) -> list[list[str]] | None:
-    """The first heads the two orders remove differently, up to where both have removed the same heads again (at
-    most `upto` heads): e.g. [[L2H0, L0H1], [L0H1, L2H0]]; None where they agree that far."""
+def _swap(orders: list[list[str]], upto: int) -> tuple[int, list[list[str]]] | None:
+    """(the place, from 0, where the two orders first remove different heads; the heads each removes from there up to
+    where both have removed the same heads again, at most `upto` heads in all): e.g. (7, [[L0H5, L0H1], [L0H1, L0H5]])
+    where the orders agree on their first 7 heads; None where they agree that far."""
     n = min(upto, *map(len, orders))
     start = next((i for i in range(n) if orders[0][i] != orders[1][i]), None)
     if start is None:
         return None
     end = next((j for j in range(start + 1, n + 1) if set(orders[0][:j]) == set(orders[1][:j])), n)
-    return [o[:end] for o in orders]
+    return start, [o[start:end] for o in orders]
+
+
+def _swap_words(start: int, swapped: list[list[str]]) -> str:
+    """'the first heads removed swap between the runs (A L1H0, L0H1; B L0H1, L1H0)' where the orders part at their
+    first head; 'the orders agree on their first 7 heads, then the 8th and 9th heads removed swap between the runs (A
+    L0H5, L0H1; B L0H1, L0H5)' otherwise ("differ" where the heads are not the same ones); verification 17v A1: "the
+    first heads removed swap" was said of two orders that agreed on their first 7 heads."""
+    from headscope.reports.findings import ordinal
+
+    places = and_join([ordinal(start + 1 + i) for i in range(max(map(len, swapped)))])
+    heads = f"(A {', '.join(swapped[0])}; B {', '.join(swapped[1])})"
+    verb = "swap" if set(swapped[0]) == set(swapped[1]) else "differ"  # the same heads in another order, or not
+    if start == 0:
+        return f"the first heads removed {verb} between the runs {heads}"
+    return (f"the orders agree on their first {start} head{'s' * (start > 1)}, then the {places} heads removed {verb} "
+            f"between the runs {heads}")
 
 
 def _start_tie(s: Mapping[str, Any], ordering: str) -> str:
@@ -104,8 +121,7 @@ def verdict_words(a: Run, b: Run, ordering: str, fractions: tuple[float, float],
         upto = int(max(c for c in counts if _number(c))) + 1 if any(_number(c) for c in counts) else 2
         swapped = _swap(orders, upto) if all(orders) else None
         if swapped:
-            part += (f": the first heads removed swap between the runs (A {', '.join(swapped[0])}; "
-                     f"B {', '.join(swapped[1])})")
+            part += ": " + _swap_words(*swapped)
         ties = [f"{side}'s summary records that {t}" for side, s in zip(SIDES, sums) if (t := _start_tie(s, ordering))]
         if ties:
             part += (": " if not swapped else ", and ") + "; ".join(ties)

@@ -26,6 +26,8 @@ from headscope.reports.render import escape, figure_png
 SIDES = ("A", "B")
 NOT_COMPARED = "(not compared) "  # prefix of a note for the page's "Not compared, and why" list
 SAME = "(same) "  # prefix of a note that reports agreement: shown in its section, not listed as a difference
+ROUNDING = "(rounding) "  # prefix of a number one model moved in two dtypes by the lower one's rounding: listed in one
+# compact group after the differences, its premise said once (review 17b B1: 18 such moves, each with a 60-word note)
 NO_INTERVAL = " (no interval recorded: whether this is beyond noise is not known)."
 
 
@@ -364,9 +366,39 @@ def same_rows(a: Run, b: Run, name: str) -> bool:
 MEASURED_ROUNDING = {("heads", "unpruned"): "noise_floor"}  # (analysis, word of its headline): its rounding's summary key
 
 
+def _used(run: Run, name: str, key: str) -> Any:
+    """The value setting `key` of analysis `name` ran with where its budget changed it, else "preset"."""
+    moved = ((run.provenance(name) or {}).get("budget_changed") or {}).get(key)
+    return moved[1] if isinstance(moved, (list, tuple)) and len(moved) == 2 else "preset"
+
+
+def _traced(run: Run) -> bool | None:
+    """Whether the run's patching traced: True, False where it could not for its task (its summary's causal_tracing
+    not_run, other than trace_samples 0; an older summary: no record though its trace_samples were above 0), None
+    where not known (an older summary without a record whose budget set trace_samples to 0)."""
+    trace = (run.summary("patching") or {}).get("causal_tracing")
+    if isinstance(trace, Mapping):
+        why = str(trace.get("not_run") or "")
+        return True if not why else None if why == "trace_samples is 0" else False
+    return None if _used(run, "patching", "trace_samples") in (0, None) else False
+
+
+def idle_settings(a: Run, b: Run, name: str) -> frozenset[str]:
+    """Settings of analysis `name` that changed nothing in either run, so a budget's change to them is no setting
+    that differs (review 17a A2: "trace_samples A 1, B 0" was blamed for a difference though causal tracing runs on
+    neither run's task): patching's trace_samples where neither run traced and at least one could not for its task."""
+    if name != "patching":
+        return frozenset()
+    traced = [_traced(r) for r in (a, b)]
+    return frozenset({"trace_samples"}) if True not in traced and False in traced else frozenset()
+
+
 def feeding_settings(name: str, label: str) -> frozenset[str] | None:
     """The settings of analysis `name` that the number compare labels `label` depends on (review 16cv B3: a saliency
-    tau does not use the permutations); None where not known here: every setting counts."""
+    tau does not use the permutations; review 17a A2: patching's clean and corrupted prompts' metric uses none, its
+    examples aside, which same_rows checks); None where not known here: every setting counts."""
+    if name == "patching" and label.startswith(("patching clean prompts'", "patching corrupted prompts'")):
+        return frozenset()
     if name != "attribution":
         return None
     if "permutation" in label:
@@ -384,7 +416,7 @@ def settings_apart(a: Run, b: Run, name: str, only: frozenset[str] | None = None
     did not change ran at the other's preset (review 16c C1). only: just these settings (feeding_settings)."""
     changed = [((r.provenance(name) or {}).get("budget_changed") or {}) for r in (a, b)]
     out = []
-    keys = set(changed[0]) | set(changed[1])
+    keys = (set(changed[0]) | set(changed[1])) - idle_settings(a, b, name)
     for key in sorted(keys if only is None else keys & only):
         pair = [c.get(key) if isinstance(c.get(key), (list, tuple)) and len(c.get(key)) == 2 else None for c in changed]
         preset = next((p[0] for p in pair if p is not None), None)
@@ -422,3 +454,64 @@ def precision_verdict(a: Run, b: Run, name: str, va: float, vb: float, label: st
     inside = abs(vb - va) <= float(floor)
     return said + (f"; {'within' if inside else 'more than'} {low}'s rounding step of it ({float(floor):.2g})"
                    + ("" if inside else ": the precision changes the computation here, not only its rounding") + ").")
+
+
+def rounding_premise(a: Run, b: Run) -> str:
+    """The one sentence the page's group of ROUNDING notes opens with ('' where A and B are not one model in two
+    dtypes)."""
+    sides = precision_only(a, b)
+    if sides is None:
+        return ""
+    low = dtype_of((a, b)[sides[1]])
+    return (f"Moved by {low}'s rounding: A and B are one model on the same examples in two dtypes (A {dtype_of(a)}, "
+            f"B {dtype_of(b)}), so each |B - A| below is what {low}'s rounding does to that number, not sampling noise "
+            "(the examples' sampling intervals do not judge it), set against its rounding step where the run records "
+            "one; largest move relative to the number's size first:")
+
+
+def rounding_note(a: Run, b: Run, name: str, label: str, va: float, vb: float, n: str) -> str | None:
+    """The note of a headline that one model moved in two dtypes on the same examples (precision_verdict's premise),
+    None where that premise does not hold: the same value (SAME); equal at the shown precision (SAME, with the digits
+    that show the move, review 17b B1: "A 10.2, B 10.2" was listed as a difference); a move past the recorded rounding
+    step, or of runs whose settings feeding it differ (a difference, with precision_verdict's words); else a ROUNDING
+    note, short, whose premise the page says once (rounding_premise)."""
+    from headscope.reports.patching_words import distinct_pair
+
+    words = precision_verdict(a, b, name, va, vb, label)
+    if words is None:
+        return None
+    if va == vb:
+        return SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + words
+    if words.startswith(" (not a rounding difference alone") or "more than" in words:
+        return f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + words
+    low_run = (a, b)[precision_only(a, b)[1]]
+    low = dtype_of(low_run)
+    key = next((k for (m, word), k in MEASURED_ROUNDING.items() if m == name and word in label), None)
+    floor = (low_run.summary(name) or {}).get(key) if key else None
+    step = f"; within {low}'s rounding step of it ({float(floor):.2g})" if _number(floor) else ""
+    shown = distinct_pair(va, vb)
+    if f"{va:.3g}" == f"{vb:.3g}":
+        return (SAME + f"{label}: A {shown[0]}, B {shown[1]} ({n}): equal at the shown precision (3 significant "
+                f"figures), moved below it by {low}'s rounding{step}.")
+    return ROUNDING + f"{label}: A {va:.3g}, B {vb:.3g}, |B - A| = {abs(vb - va):.3g} ({n}){step}."
+
+
+def rounding_move(note: str) -> float:
+    """A ROUNDING note's relative move |B - A| / max(|A|, |B|), from its words (the page lists the largest first)."""
+    import re
+
+    found = re.search(r": A (\S+), B (\S+), \|B - A\| = ", note)
+    try:
+        va, vb = (float(x) for x in found.groups()) if found else (0.0, 0.0)
+    except ValueError:
+        return 0.0
+    return abs(vb - va) / max(abs(va), abs(vb), 1e-12)
+
+
+def rounding_dtypes(a: Run, b: Run, name: str) -> tuple[str, str] | None:
+    """(the lower dtype, 'A float32, B bfloat16') where A and B ran analysis `name` as one model on the same examples
+    in two dtypes (precision_only, same_rows), None otherwise: what per-layer rows judge by rounding, not intervals."""
+    sides = precision_only(a, b)
+    if sides is None or not same_rows(a, b, name):
+        return None
+    return dtype_of((a, b)[sides[1]]), f"A {dtype_of(a)}, B {dtype_of(b)}"

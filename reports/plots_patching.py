@@ -606,14 +606,26 @@ def figures(result, **kwargs) -> dict[str, Figure]:
 
 # Presentation (reports/families.py): the guide, the captions and the finding in words.
 
+TRACING = "Causal tracing restores states after noising the subject; "
 GUIDE = (  # how to read this section of the report
     "Where the computation happens. Each cell replaces one activation of the corrupted run by the "
     "clean run's (denoising) and shows how much of the clean behaviour returns (the normalised metric: "
     "the share of the clean-corrupted gap in the task's metric, e.g. logit difference; 1 = fully restored). "
-    "Causal tracing restores states after noising the subject; "
+    + TRACING +
     "attribution patching approximates every cell from one backward pass (its agreement with exact "
     "patching is reported)."
 )
+def guide_for(summary: Mapping[str, Any]) -> str:
+    """The guide for this run: where causal tracing did not run, it says so and why (summary causal_tracing.not_run;
+    an older summary without any causal_tracing record: not run) instead of describing it (review 17a A2)."""
+    trace = summary.get("causal_tracing")
+    if isinstance(trace, Mapping) and "not_run" not in trace:
+        return GUIDE
+    why = trace.get("not_run") if isinstance(trace, Mapping) else None
+    return GUIDE.replace(TRACING, "Causal tracing (restoring states after noising the subject) was not run"
+                         + (f": {why}; " if why else "; "), 1)
+
+
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "attribution_vs_exact": "Attribution-patching estimate (y) against the exact patching effect (x), both as shares "
                             "of the clean-corrupted gap in the task's metric; the dashed line is y = x and each site type's "

@@ -397,8 +397,13 @@ FULL_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "he
 QUICK_SITES = ("resid_pre", "attn_out", "mlp_out", "head_out")
 
 
+NO_SUBJECT = ("the task marks no subject span to noise, and the model's tokenizer does not cover the zoo vocabulary "
+              "for the zoo facts task, the one traced instead (causal tracing runs only on prompts with a subject span)")
+
+
 def _trace_task(model, task, n_examples: int, seed: int):
-    """The task causal tracing runs on: this one if it marks a subject, else the zoo facts task."""
+    """The task causal tracing runs on: this one if it marks a subject, else the zoo facts task (None: neither,
+    NO_SUBJECT)."""
     if "subject" in task.spans:
         return task
     from headscope.analyses.core.tasks import zoo
@@ -407,6 +412,13 @@ def _trace_task(model, task, n_examples: int, seed: int):
         return zoo(model, "facts", n_examples=n_examples, seed=seed)
     except ValueError:  # not a zoo tokenizer: no subject-marked prompts to trace
         return None
+
+
+def traces(model, task) -> bool:
+    """Whether causal tracing has prompts to run on for `task` (a subject span, or the zoo facts task): what the cost
+    model charges it for (review 17a A2: a task without one was charged, and its budget's cut of trace_samples recorded
+    as a changed setting, for a part that never runs)."""
+    return task is None or _trace_task(model, task, 1, 0) is not None
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
@@ -468,5 +480,7 @@ def run(model, task: Task | str | None = None, config: PatchingConfig | None = N
         trace = causal_tracing(model, trace_task, n_samples=samples, seed=config.seed, progress=config.progress)
         summary["causal_tracing"] = {**trace.summary, "task": trace_task.name}
         tables.update(trace.tables)
+    else:  # review 17a A2: said, as path patching's refusal is, so the section does not describe a part that never ran
+        summary["causal_tracing"] = {"not_run": "trace_samples is 0" if not samples else NO_SUBJECT}
     config_out = {**result.config, "seed": config.seed, "n_examples": n, "task": task.name, "quick": config.quick}
     return Result(name="patching", df=result.df, summary=summary, tables=tables, config=config_out)

@@ -5,7 +5,9 @@ per site type a run over the n examples per cell, resumed at the cell's layer (a
 pass, budget.resumed_share): L P cells for residual, attention and MLP outputs, L H for heads
 (head_out, q, k, v, pattern), L H P for head_out_by_pos; attribution estimates: 3n per direction
 (two); path patching: n (s L H + 1); causal tracing (trace_samples noise draws): samples n
-(1 + 3 s L P) (every layer, position and kind restored in every draw, resumed at its layer).
+(1 + 3 s L P) (every layer, position and kind restored in every draw, resumed at its layer), charged only where
+the task has prompts to trace (analysis.traces), so a budget never records a cut of trace_samples for a task it
+would not trace.
 
 Where resumed passes also skip the positions before an edit (resume.supports(model).prefix), the
 edits the engine applies to the captured run (engine._resumed: resid_pre, and the heads' z where
@@ -34,6 +36,12 @@ def _sites(config):
 
 def _samples(config) -> int:
     return config.trace_samples if config.trace_samples is not None else (3 if config.quick else 10)
+
+
+def _traces(model, task) -> bool:
+    from headscope.analyses.patching.analysis import traces
+
+    return traces(model, task)
 
 
 def first_difference(task, n: int) -> int:
@@ -92,7 +100,7 @@ def estimate(model, task, config) -> Cost:
     if config.path_patching:
         parts["path_patching"] = n * (L * H * share + 1)
     samples = _samples(config)
-    if samples:
+    if samples and _traces(model, task):  # a task with nothing to trace costs nothing there (review 17a A2)
         parts["causal_tracing"] = samples * n * (1 + 3 * L * n_pos * share)
     return Cost(parts=parts, n_pos=n_pos)
 

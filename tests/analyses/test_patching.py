@@ -496,8 +496,36 @@ def test_run_on_a_task_file_and_figures(tiny_models, tmp_path):
     path.write_text("\n".join(json.dumps(x) for x in lines))
     res = run(model, str(path), PatchingConfig.preset(quick=True))
     assert res.name == "patching" and {"exact", "attribution", "path_patching"} <= set(res.tables)
-    assert "causal_tracing" not in res.summary  # no subject span and no zoo tokenizer
+    # no subject span and no zoo tokenizer: not run, and why (review 17a A2), so the section's guide says so
+    from headscope.reports.plots_patching import GUIDE, guide_for
+
+    assert res.summary["causal_tracing"] == {"not_run": (
+        "the task marks no subject span to noise, and the model's tokenizer does not cover the zoo vocabulary for the "
+        "zoo facts task, the one traced instead (causal tracing runs only on prompts with a subject span)")}
+    assert "Causal tracing restores states" in GUIDE
+    assert guide_for(res.summary) == GUIDE.replace(
+        "Causal tracing restores states after noising the subject; ",
+        "Causal tracing (restoring states after noising the subject) was not run: the task marks no subject span to "
+        "noise, and the model's tokenizer does not cover the zoo vocabulary for the zoo facts task, the one traced "
+        "instead (causal tracing runs only on prompts with a subject span); ")
     json.dumps(res.summary)
+    # the cost model charges no tracing for it, so a budget records no cut of trace_samples (review 17a A2: "the budget
+    # changed trace_samples None -> 0" for a part that never runs)
+    from headscope.analyses.core import budget as B
+    from headscope.analyses.core.task_files import resolve_task
+    from headscope.analyses.patching import cost as patching_cost
+
+    task = resolve_task(model, str(path), default="ioi", n_examples=8, seed=0)
+    config = PatchingConfig.preset(quick=True)
+    assert "causal_tracing" not in patching_cost.estimate(model, task, config).parts
+    spans = {**task.spans, "subject": torch.tensor([[1, 2]] * len(task))}  # a subject span: charged
+    marked = dataclasses.replace(task, spans=spans)
+    assert patching_cost.estimate(model, marked, config).parts["causal_tracing"] > 0
+    full = patching_cost.estimate(model, task, config).total
+    fitted = B.fit(model, patching_cost.COST, task, config, 0.5 * full * B.seconds_per_pass(model, 8))
+    assert "trace_samples" not in fitted.changed and fitted.changed  # the budget cut something else
+    assert "trace_samples" in B.fit(model, patching_cost.COST, marked, config,
+                                    0.5 * full * B.seconds_per_pass(model, 8)).changed
     from headscope.reports.plots_patching import figures
 
     figs = figures(res)

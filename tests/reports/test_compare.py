@@ -468,6 +468,24 @@ def test_equal_prunable_counts_whose_verdicts_differ_are_a_difference_with_their
     assert pruning_notes(a, b)[0].startswith("(same) Prunable within 1% by ablation")
 
 
+def test_a_verdict_names_where_two_orders_first_part_not_the_first_heads(tmp_path):
+    """Verification 17v A1: orders that agree on their first heads and swap later were said to "swap" from the first
+    head; the page says how many heads they share first (here 2: L1H0, L0H1) and which places swap (the 3rd and 4th)."""
+    from headscope.reports.compare import pruning_notes
+
+    _ablation_verdicts(tmp_path / "a", [1, 5], ["L1H0", "L0H1"])
+    _ablation_verdicts(tmp_path / "b", [0, 5], ["L1H0", "L0H1"])
+    for side, last in (("a", ["L0H2", "L1H1"]), ("b", ["L1H1", "L0H2"])):  # the 3rd and 4th heads removed swap
+        io.write_csv(tmp_path / side / "heads" / "curve.csv", pd.DataFrame({
+            "ordering": "ablation", "recompute": False, "seed": 0, "n_pruned": range(5),
+            "fraction_pruned": [k / 6 for k in range(5)], "metric": [10.0, 10.5, 10.3, 10.2, 8.0],
+            "pruned": ["", "L1H0", "L0H1", *last]}))
+    note = pruning_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))[0]
+    assert ("while A's (1-5 heads) does not: the orders agree on their first 2 heads, then the 3rd and 4th heads "
+            "removed swap between the runs (A L0H2, L1H1; B L1H1, L0H2); which goes first is not settled") in note, note
+    assert "the first heads removed swap" not in note
+
+
 def test_a_verdict_says_a_single_value_interval_as_one_count(tmp_path):
     """Review 11c ("6-6 heads"): a bootstrap interval of one count is said as that count, not as a range."""
     from headscope.reports.compare import pruning_notes
@@ -2205,7 +2223,8 @@ def test_settings_list_a_budget_change_only_where_the_changes_differ(tmp_path):
     s per flop, and "patching budget changes" was listed under "Settings that differ". The same change is no setting
     that differs; another change still is."""
     for side, samples in (("a", 1), ("b", 1), ("c", 2)):
-        _one(tmp_path / side, "patching", {"budget": {"changed": {"trace_samples": [None, samples]}}})
+        _one(tmp_path / side, "patching", {"budget": {"changed": {"trace_samples": [None, samples]}},
+                                           "causal_tracing": {"n_examples": 8}})  # traced: the cut is a setting
     notes = settings_notes(Run(tmp_path / "a"), Run(tmp_path / "b"), ["patching"])
     assert not any("budget changes" in n for n in notes), notes
     notes = settings_notes(Run(tmp_path / "a"), Run(tmp_path / "c"), ["patching"])

@@ -9,7 +9,7 @@ from headscope.models.fingerprint import folder_fingerprint, rounded_fingerprint
 from headscope.reports import io
 from headscope.reports.compare import settings_notes
 from headscope.reports.compare_headlines import headline_notes
-from headscope.reports.compare_run import SAME, Run, models_differ, precision_only
+from headscope.reports.compare_run import ROUNDING, SAME, Run, models_differ, precision_only, rounding_premise
 
 
 def _folders(root):
@@ -63,11 +63,14 @@ def test_compare_calls_a_dtype_copy_one_model_and_its_differences_rounding(tmp_p
         "to bfloat16, safetensors tensors compared by name, shape and sampled rows)."]
     assert [n for n in settings_notes(a, c, ["attribution"]) if n.startswith("model:")] == ["model: A ./fp32, B ./other."]
     tau = [n for n in headline_notes(a, b) if "gradient x input" in n]
-    assert tau == ["attribution mean Kendall tau of attention and gradient x input: A 0.4, B 0.375 (n 4 each) (a rounding "
-                   "difference, not sampling noise: one model on the same examples, run in two dtypes (A float32, B "
-                   "bfloat16), so |B - A| = 0.025 is what bfloat16's rounding does to this number; the examples' "
-                   "sampling intervals do not judge it, and neither summary records this number's rounding to set it "
-                   "against)."]
+    # review 17b B1: a short note in the page's rounding group, whose premise (rounding_premise) the page says once
+    assert tau == [ROUNDING + "attribution mean Kendall tau of attention and gradient x input: A 0.4, B 0.375, |B - A| "
+                   "= 0.025 (n 4 each)."]
+    assert rounding_premise(a, b) == (
+        "Moved by bfloat16's rounding: A and B are one model on the same examples in two dtypes (A float32, B "
+        "bfloat16), so each |B - A| below is what bfloat16's rounding does to that number, not sampling noise (the "
+        "examples' sampling intervals do not judge it), set against its rounding step where the run records one; "
+        "largest move relative to the number's size first:")
     same = [n for n in headline_notes(a, _run(tmp_path / "d", bf16, "bfloat16", TAU)) if "gradient x input" in n]
     assert same == [SAME + "attribution mean Kendall tau of attention and gradient x input: A 0.4, B 0.4 (n 4 each) (the "
                     "same value in both dtypes (A float32, B bfloat16), one model on the same examples: bfloat16's "
@@ -178,8 +181,9 @@ def test_a_rounding_difference_is_judged_against_the_lower_dtypes_recorded_round
     start = ("heads unpruned cosine similarity: A 1, B {} (n 4 each) (a rounding difference, not sampling noise: one "
              "model on the same examples, run in two dtypes (A float32, B bfloat16), so |B - A| = {} is what bfloat16's "
              "rounding does to this number; the examples' sampling intervals do not judge it; ")
-    within = [n for n in headline_notes(notes["a"], notes["b"]) if n.startswith("heads unpruned")]
-    assert within == [start.format("0.995", "0.005") + "within bfloat16's rounding step of it (0.0078))."]
+    within = [n for n in headline_notes(notes["a"], notes["b"]) if "heads unpruned" in n]
+    assert within == [ROUNDING + "heads unpruned cosine similarity: A 1, B 0.995, |B - A| = 0.005 (n 4 each); within "
+                      "bfloat16's rounding step of it (0.0078)."]
     beyond = [n for n in headline_notes(notes["a"], notes["c"]) if n.startswith("heads unpruned")]
     assert beyond == [start.format("0.98", "0.02") + "more than bfloat16's rounding step of it (0.0078): the precision "
                       "changes the computation here, not only its rounding)."]
@@ -252,7 +256,7 @@ def test_a_dtype_pair_whose_settings_differ_is_not_called_rounding(tmp_path):
     same_cut = _run(tmp_path / "c", fp32, "float32", {**PERM, "budget": {"changed": {"n_permutations": [20, 10]}}})
     assert settings_apart(same_cut, b, "attribution") == ""  # the same change in both: the same settings
     [note] = [n for n in headline_notes(same_cut, b) if "permutation test: mean change" in n]
-    assert "(a rounding difference, not sampling noise" in note
+    assert note.startswith(ROUNDING) and "|B - A| = 0.05" in note
 
 
 def test_the_settings_caveat_covers_only_the_numbers_the_differing_setting_feeds(tmp_path):
@@ -264,7 +268,7 @@ def test_the_settings_caveat_covers_only_the_numbers_the_differing_setting_feeds
                                                   "budget": {"changed": {"n_permutations": [20, 10]}}})
     notes = headline_notes(a, b)
     [tau] = [n for n in notes if "gradient x input" in n]
-    assert "(a rounding difference, not sampling noise" in tau and "settings differ" not in tau, tau
+    assert tau.startswith(ROUNDING) and "settings differ" not in tau, tau
     [perm] = [n for n in notes if "permutation test: mean change" in n]
     assert "settings differ (n_permutations A 20, B 10)" in perm
 
@@ -306,3 +310,182 @@ def test_mlp_between_layer_flip_on_a_dtype_pair_is_rounding_and_marginal_is_said
                     "rounding difference, not sampling noise: one model on the same examples, run in two dtypes (A "
                     "float32, B bfloat16), so the verdict moved with bfloat16's rounding, a test near its threshold on "
                     "either side of it)."), note
+
+
+def _patching_run(root, folder, dtype, summary):
+    io.write_json(root / "manifest.json", {
+        "model": {"name": f"./{folder.name}", "source": str(folder)}, "seed": 0,
+        "config": {"analyses": ["patching"], "task": "fill.csv", "dtype": dtype, "quick": True, "n_examples": None}})
+    io.write_json(root / "patching" / "summary.json", {"metric": "logit_diff", "n_examples": 8, "metric_n": 8,
+                                                       "normalized": False, **summary})
+    io.write_json(root / "patching" / "task.json", {"task": "fill", "source": "your task (fill.csv)", "n_examples": 8,
+                                                    "rows": list(range(8)), "sample": {"prompt": "Ann has a <mask> hat."}})
+    return Run(root)
+
+
+NOT_TRACED = {"not_run": "the task marks no subject span to noise, and the model's tokenizer does not cover the zoo "
+                         "vocabulary for the zoo facts task, the one traced instead (causal tracing runs only on prompts "
+                         "with a subject span)"}
+
+
+def test_a_budget_change_to_causal_tracing_that_runs_in_neither_run_is_no_setting(tmp_path):
+    """Review 17a A2: causal tracing never ran on the user's task (no subject span), yet the budgets' trace_samples
+    None -> 1 (A) and None -> 0 (B) were listed as settings that differ and blamed, with the rounding, for the clean
+    prompts' logit difference (3.918648 against 3.919922), which no tracing setting could move."""
+    from headscope.reports.compare_run import settings_apart
+
+    fp32, bf16, _ = _folders(tmp_path)
+    ends = {"clean_metric_ci": [2.0, 6.0], "corrupted_metric_ci": [-6.0, -2.0]}
+    old = [_patching_run(tmp_path / side, folder, dtype, {  # older summaries: no causal_tracing record at all
+        "clean_metric": clean, "corrupted_metric": -4.33, **ends, "budget": {"changed": {"trace_samples": [None, k]}}})
+        for side, folder, dtype, clean, k in (("a", fp32, "float32", 3.918648, 1), ("b", bf16, "bfloat16", 3.919922, 0))]
+    new = [_patching_run(tmp_path / f"{side}2", folder, dtype, {
+        "clean_metric": clean, "corrupted_metric": -4.33, **ends, "causal_tracing": NOT_TRACED})
+        for side, folder, dtype, clean in (("a", fp32, "float32", 3.918648), ("b", bf16, "bfloat16", 3.919922))]
+    for a, b in (old, new):
+        assert settings_apart(a, b, "patching") == ""
+        assert [n for n in settings_notes(a, b, ["patching"]) if "budget" in n] == []
+        [clean] = [n for n in headline_notes(a, b) if "clean prompts'" in n]
+        assert clean == (SAME + "patching clean prompts' logit difference: A 3.91865, B 3.91992 (n 8 each): equal at "
+                         "the shown precision (3 significant figures), moved below it by bfloat16's rounding."), clean
+    # where one run traced, its budget's cut is a setting that differs
+    traced = _patching_run(tmp_path / "c", fp32, "float32", {
+        "clean_metric": 3.918648, "corrupted_metric": -4.33, **ends, "budget": {"changed": {"trace_samples": [None, 1]}},
+        "causal_tracing": {"n_examples": 8, "clean_metric": 0.5, "corrupted_metric": 0.1}})
+    assert settings_apart(traced, old[1], "patching") == "trace_samples A 1, B 0"
+    assert [n for n in settings_notes(traced, old[1], ["patching"]) if "budget" in n] == [
+        "patching budget changes: A trace_samples None -> 1, B trace_samples None -> 0."]
+
+
+def _site(layer, effect, ci, head=None, pos=36, share_ci=None):
+    return {"layer": layer, "head": head, "pos": None if head is not None else pos,
+            "from_end": None if head is not None else -1, "token": "36:  to", "effect": effect, "ci": ci, "n": 8,
+            **({"share_ci": share_ci} if share_ci else {})}
+
+
+def _sites_summary(attn, head, mlp, clean, corrupted):
+    return {"clean_metric": clean, "corrupted_metric": corrupted, "clean_metric_ci": [2.0, 6.0],
+            "corrupted_metric_ci": [-6.0, -2.0], "rounding_floor": {"basis": "measured", "floor": 0.015625, "n_cells": 36},
+            "top_sites": {"attn_out": attn, "head_out": head, "mlp_out": mlp}, "causal_tracing": NOT_TRACED}
+
+
+def test_top_patching_sites_of_one_model_in_two_dtypes_are_judged_by_rounding_not_intervals(tmp_path):
+    """Review 17a C1: attn_out L0 at +8.239 (float32) and +8.2246 (bfloat16), a quarter of one bfloat16 step at 8, was
+    "beyond noise" by the examples' intervals; mlp_out L1 (-0.0214) against L2 (+0.0234), both intervals reaching 0,
+    were "different sites"; two head_out cells that swap by less than the rounding floor were a differing top site."""
+    import html
+    import re
+
+    import torch
+
+    from headscope.reports.compare import patching_section
+
+    # bfloat16 keeps 8 significand bits: at 8 its spacing is 2^(3 - 7) = 0.0625, by torch's own rounding
+    assert float(torch.tensor(8.0625, dtype=torch.bfloat16)) == 8.0625
+    assert float(torch.tensor(8.0 + 0.0625 * 0.49, dtype=torch.bfloat16)) == 8.0
+    fp32, bf16, other = _folders(tmp_path)
+    a = _patching_run(tmp_path / "a", fp32, "float32", _sites_summary(
+        [_site(0, 8.239032, [3.68, 12.80], share_ci=[0.99762, 1.00111])],
+        [_site(0, 0.50, [0.499, 0.501], head=5), _site(0, 0.49, [0.489, 0.491], head=1)],  # not tied by intervals
+        [_site(0, 0.1224, [-0.21, 0.45]), _site(1, -0.021377, [-0.0547, 0.0119])], 3.918648, -4.325621))
+    b = _patching_run(tmp_path / "b", bf16, "bfloat16", _sites_summary(
+        [_site(0, 8.224609, [3.67, 12.78], share_ci=[0.99486, 0.99899])],
+        [_site(0, 0.50, [0.499, 0.501], head=1), _site(0, 0.495, [0.494, 0.496], head=5)],
+        [_site(0, 0.1348, [-0.20, 0.47]), _site(2, 0.0234375, [-0.0979, 0.1448])], 3.919922, -4.330078))
+    table, notes = patching_section(a, b)
+    verdicts = [html.unescape(re.findall(r"<td>(.*?)</td>", r)[-1]) for r in re.findall(r"<tr>(.*?)</tr>", table)[1:]]
+    assert verdicts == [
+        "the same cell; |B - A| = 0.0144 logit difference, bfloat16's rounding: within its step here (0.0625: one "
+        "bfloat16 step at 8.24)",
+        "different cells ranked apart by bfloat16's rounding: A's cell moves by 0.005 and B's by 0.01 logit difference "
+        "between the runs, within its rounding step here (0.0156: the runs' rounding floor; one bfloat16 step at 0.5 is "
+        "0.00391)",
+        "different cells ranked apart by bfloat16's rounding: A's cell moves by 0.01 and B's by 0.005 logit difference "
+        "between the runs, within its rounding step here (0.0156: the runs' rounding floor; one bfloat16 step at 0.5 is "
+        "0.00391)",
+        "the same cell; |B - A| = 0.0124 logit difference, bfloat16's rounding: within its step here (0.0156: the "
+        "runs' rounding floor; one bfloat16 step at 0.135 is 0.000977)",
+        "different cells, neither clear of 0 in its own run (each 95% CI reaches 0): no site in either run"], verdicts
+    assert "one model on the same examples in two dtypes (A float32, B bfloat16)" in html.unescape(table)
+    assert notes == ["(same) Top head_out site: A lists head_out L0 H5 first, B head_out L0 H1: not a difference: "
+                     + verdicts[1] + "."]
+    # another model (other weights): the examples' intervals judge it, as before
+    c = _patching_run(tmp_path / "c", other, "bfloat16", b.summary("patching"))
+    table, notes = patching_section(a, c)
+    assert "beyond noise: not each inside the other's 95% interval" in html.unescape(table)
+    # a move past the step is said as the precision's, not rounding
+    moved = {**b.summary("patching"), "top_sites": {**b.summary("patching")["top_sites"],
+                                                     "attn_out": [_site(0, 7.9, [3.6, 12.2], share_ci=[0.95, 0.97])]}}
+    d = _patching_run(tmp_path / "d", bf16, "bfloat16", moved)
+    assert ("beyond rounding: |B - A| = 0.339 logit difference, more than bfloat16's step here (0.0625: one bfloat16 "
+            "step at 8.24): the precision changes the computation here, not only its rounding") in html.unescape(
+        patching_section(a, d)[0])
+
+
+def _kv_run(root, folder, dtype, ratios, masses):
+    io.write_json(root / "manifest.json", {
+        "model": {"name": f"./{folder.name}", "source": str(folder)}, "seed": 0,
+        "config": {"analyses": ["kv"], "task": "fill.csv", "dtype": dtype, "quick": True, "n_examples": None}})
+    io.write_json(root / "kv" / "summary.json", {
+        "metric": "logit_diff", "n_examples": 16,
+        "key_norm_ratios": [{"layer": k, "ratio": r, "ci": [r - 0.05, r + 0.05], "n": 16} for k, r in enumerate(ratios)],
+        "sinks": [{"layer": k, "mass": m, "ci": [m - 0.01, m + 0.01], "n": 16, "uniform": 0.1, "ratio": m / 0.1,
+                   "sink": False} for k, m in enumerate(masses)]})
+    io.write_json(root / "kv" / "task.json", {"task": "fill", "source": "your task (fill.csv)", "n_examples": 16,
+                                              "rows": list(range(16)), "sample": {"prompt": "Ann has a <mask> hat."}})
+    return Run(root)
+
+
+def test_per_layer_kv_rows_of_one_model_in_two_dtypes_are_rounding_not_sampling_noise(tmp_path):
+    """Verification 17v C3: on a dtype pair the kv (and position) per-layer rows were judged "within noise" by the
+    prompts' intervals, while every other row said those intervals do not judge a rounding difference. Now the same
+    rule: a move visible at the shown 2 decimals is a rounding note, one below it is equal at the shown precision,
+    with the digits that show it; another model's pair is still judged by the intervals."""
+    from headscope.reports.compare_measures import NORM_LABEL, SINK_LABEL
+
+    fp32, bf16, other = _folders(tmp_path)
+    a = _kv_run(tmp_path / "a", fp32, "float32", [1.0391, 0.9744], [0.167575, 0.111397])
+    b = _kv_run(tmp_path / "b", bf16, "bfloat16", [1.0389, 0.9757], [0.167620, 0.111708])
+    notes = headline_notes(a, b)
+    [norm] = [n for n in notes if NORM_LABEL in n]
+    assert norm == (ROUNDING + f"{NORM_LABEL}: layer 1 moved most: A 0.974, B 0.976, |B - A| = 0.0013; every layer: "
+                    "layer 0 A 1.04, B 1.04; layer 1 A 0.97, B 0.98 (n 16 prompts each).")
+    [sink] = [n for n in notes if n.removeprefix(SAME).startswith(SINK_LABEL)]
+    assert sink == (SAME + f"{SINK_LABEL}: equal in every layer at the shown precision (2 decimals), moved below it by "
+                    "bfloat16's rounding (one model on the same prompts in two dtypes, A float32, B bfloat16; largest "
+                    "|B - A| 0.00031, layer 1): layer 0 A 0.1675750, B 0.1676200; layer 1 A 0.111397, B 0.111708 (n "
+                    "16 prompts each).")  # each |B - A| to 3 significant digits (patching_words.distinct_pair)
+    assert not any("within noise" in n for n in (norm, sink))
+    c = _kv_run(tmp_path / "c", other, "bfloat16", [1.0389, 0.9757], [0.167620, 0.111708])  # other weights
+    [norm] = [n for n in headline_notes(a, c) if NORM_LABEL in n]
+    assert norm.startswith(SAME + f"{NORM_LABEL}: within noise in every layer")
+
+
+def test_the_page_lists_real_differences_first_and_rounding_moves_once_in_one_group(tmp_path):
+    """Review 17b B1: 18 bfloat16 rounding moves, several printed equal ("A 10.2, B 10.2"), each with a 60-word note,
+    buried the two real changes (taus 0.667 -> 0.417). The page says the premise once, lists the moves largest first by
+    their size relative to the number (the 0.25 tau first), and a move below the printed precision under "Within
+    noise or the same" with the digits that show it (10.2216 against 10.2324: |B - A| = 0.0108)."""
+    import html
+    import re
+
+    from headscope.reports.compare import compare_html
+
+    fp32, bf16, _ = _folders(tmp_path)
+    taus = {"n_examples": 4, "std_tau_attention_gradient": 0.2, "std_tau_attention_loo": 0.2}
+    a = _run(tmp_path / "a", fp32, "float32", {**taus, **PERM, "permutation_metric_change": 10.2216,
+                                                "mean_tau_attention_gradient": 0.667, "mean_tau_attention_loo": 0.5})
+    b = _run(tmp_path / "b", bf16, "bfloat16", {**taus, **PERM, "permutation_metric_change": 10.2324,
+                                                 "mean_tau_attention_gradient": 0.417, "mean_tau_attention_loo": 0.514})
+    page = html.unescape(compare_html(a, b))
+    differences = page[page.index("<h2 id='differences'>"):page.index("<h2 id='same'>")]
+    items = re.findall(r"<li>(.*?)</li>", differences)
+    assert items[0] == "None beyond the rounding moves below."
+    assert differences.count("Moved by bfloat16's rounding") == 1 and "so |B - A| = " not in differences
+    assert items[1:] == [
+        "attribution mean Kendall tau of attention and gradient x input: A 0.667, B 0.417, |B - A| = 0.25 (n 4 each).",
+        "attribution mean Kendall tau of attention and leave-one-out: A 0.5, B 0.514, |B - A| = 0.014 (n 4 each)."]
+    same = page[page.index("<h2 id='same'>"):page.index("<h2 id='not-compared'>")]
+    assert ("<li>attribution permutation test: mean change of the metric: A 10.2216, B 10.2324 (n 4 each): equal at "
+            "the shown precision (3 significant figures), moved below it by bfloat16's rounding.</li>") in same
+    assert abs(10.2324 - 10.2216 - 0.0108) < 1e-12 and f"{10.2216:.3g}" == f"{10.2324:.3g}"  # the premise, by hand
