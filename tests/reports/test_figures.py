@@ -3464,6 +3464,37 @@ def test_l0_legend_says_where_the_test_time_gates_cross_sits_inside_the_kept_hea
         plt.close("all")
 
 
+def test_l0_gates_carry_their_interval_and_the_legend_says_which_bars_their_marker_hides():
+    """Review 17a C4 (StableLM bf16 l0.csv): one lambda kept all 18 heads, so "kept heads only" is the unpruned model
+    (change 0, interval [0, 0]) and the gates' point (4.2090 against 4.21875) had no interval: the title said "bars:
+    95% CI" over no visible bar. The gates now carry theirs, drawn at metric + (ci - change); a bar that reaches less
+    than its marker's radius either side is named in the legend with its interval, and the 0-wide one says why."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_heads import plot_l0
+
+    def drawn(half: float):
+        row = {"lambda": 0.03, "heads_kept": 18, "fraction_kept": 1.0, "metric": 4.208984375, "metric_binary": 4.21875,
+               "change": 0.0, "change_ci_low": 0.0, "change_ci_high": 0.0, "unpruned": 4.21875, "n_examples": 8,
+               "split": "held_out", "in_sample_reason": "", "n_train": 8, "gates_change": -0.009765625,
+               "gates_change_ci_low": -0.009765625 - half, "gates_change_ci_high": -0.009765625 + half}
+        ax = plot_l0(pd.DataFrame([row]), metric="logit_diff", baseline=4.21875,
+                     tolerance={"basis": "metric", "band": 0.0422, "tolerance": 0.01})
+        laid_out(ax)
+        return ax, [t.get_text().replace("\n", " ") for t in ax.get_legend().get_texts()]
+
+    try:
+        ax, said = drawn(0.004)  # about 15 points either side on this axis: a visible bar
+        ends = [seg for c in ax.collections for seg in c.get_segments() if abs(seg[0][1] - seg[1][1]) > 1e-9]
+        assert [(float(a[1]), float(b[1])) for a, b in ends] == [pytest.approx((4.208984375 - 0.004, 4.208984375 + 0.004))]
+        assert ("(bars hidden by their marker, 95% CI of the change from unpruned: 18 heads: kept heads only 0 wide "
+                "(every head kept: the unpruned model itself))") in said
+        _, said = drawn(0.0001)  # under a point either side: hidden by the cross
+        assert ("(bars hidden by their marker, 95% CI of the change from unpruned: 18 heads: kept heads only 0 wide "
+                "(every head kept: the unpruned model itself), gates -0.0098 [-0.0099, -0.0097])") in said
+    finally:
+        plt.close("all")
+
+
 def test_bf16_rounding_components_leave_the_dla_figure_and_the_graph_caption_names_no_families():
     """Review 16av-B1: bfloat16 attn_bias and remainder rows of 2e-4 to 4e-4 (no attention bias; the summary's
     dla_zero_components, bf16's floor 2^-8 of the largest) were drawn as zero bars with legend entries; the figure
