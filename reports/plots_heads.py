@@ -356,6 +356,10 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
                     ecolor=line.get_color(), elinewidth=1, capsize=3, zorder=1)
     gates, = ax.plot(sweep["heads_kept"], sweep["metric"], marker="x", markersize=7, markeredgewidth=1.5, linestyle="--",
                      label="test-time gates", zorder=3)
+    if set(GATES_CI) <= set(sweep.columns):  # review 17a C4: the gates' point carries its paired interval too
+        change, low, high = (sweep[c].to_numpy(dtype=float) for c in GATES_CI)
+        ax.errorbar(sweep["heads_kept"], sweep["metric"], yerr=[change - low, high - change], fmt="none",
+                    ecolor=gates.get_color(), elinewidth=1, capsize=3, zorder=1)
     kept = sorted({int(k) for k in sweep["heads_kept"]})
     if len(kept) <= 12:  # a count of heads: whole-number ticks at the counts reached (and room around one point)
         ax.set_xticks(kept)
@@ -380,15 +384,18 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     ax.margins(y=0.12)  # room for the labels above the top point and below the lowest
     _finish(ax, metric, baseline, "heads kept", "L0 head pruning" + _l0_sample(sweep, n), tolerance)
     inside = _coinciding(ax, sweep, line.get_markersize())
-    if inside:  # review 14av C3: a cross inside the circle reads as one point; the legend says where and the values
+    notes = ["(the x inside the circle at " + "; ".join(inside) + ")"] if inside else []
+    hidden = _hidden_bars(ax, sweep, {"kept heads only": line.get_markersize(), "gates": gates.get_markersize()})
+    if hidden:  # review 17a C4: a bar shorter than its marker (or 0 wide) is no bar to the eye; the legend says so
+        notes.append("(bars hidden by their marker, 95% CI of the change from unpruned: " + "; ".join(hidden) + ")")
+    if notes:  # review 14av C3: a cross inside the circle reads as one point; the legend says where and the values
         from matplotlib.lines import Line2D
 
         handles, names = ax.get_legend_handles_labels()
         at = handles.index(gates) + 1
-        note = Line2D([], [], linestyle="none")  # a legend line of words under the gates' key
-        ax.legend(handles[:at] + [note] + handles[at:],
-                  names[:at] + ["\n".join(textwrap.wrap("(the x inside the circle at " + "; ".join(inside) + ")", 36))]
-                  + names[at:],
+        lines = [Line2D([], [], linestyle="none") for _ in notes]  # legend lines of words under the gates' key
+        ax.legend(handles[:at] + lines + handles[at:],
+                  names[:at] + ["\n".join(textwrap.wrap(n, 36)) for n in notes] + names[at:],
                   fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
     _stack_labels(ax, labels)
     return ax
@@ -405,6 +412,37 @@ def _coinciding(ax: Any, sweep: pd.DataFrame, size: float, most: int = 3) -> lis
     said = [f"{int(k)} heads, {g:.5g} vs {b:.5g}" for k, g, b in zip(sweep["heads_kept"], sweep["metric"],
                                                                       sweep["metric_binary"])
             if abs(float(g) - float(b)) / (hi - lo) * tall < size / 2]
+    return said[:most] + ([f"{len(said) - most} more"] if len(said) > most else [])
+
+
+GATES_CI = ("gates_change", "gates_change_ci_low", "gates_change_ci_high")  # the test-time gates' change and interval
+KEPT_CI = ("change", "change_ci_low", "change_ci_high")  # the kept heads'
+
+
+def _hidden_bars(ax: Any, sweep: pd.DataFrame, sizes: Mapping[str, float], most: int = 3) -> list[str]:
+    """Review 17a C4: the title says "bars: 95% CI", but a bar whose reach either side of its point is under its marker's
+    radius (`sizes`: each kind's marker diameter in points), at the axes' current limits and height, is hidden by it;
+    each such point in words, "18 heads: kept heads only 0 wide (every head kept: the unpruned model itself), gates
+    -0.0098 [-0.013, -0.0066]", or "no interval (under 2 examples)", at most `most` head counts, then a count."""
+    lo, hi = ax.get_ylim()
+    tall = ax.figure.get_figheight() * 72 * ax.get_position().height  # the axes' height in points
+    if hi <= lo or tall <= 0:
+        return []
+    said = []
+    for _, row in sweep.iterrows():
+        parts = []
+        for name, columns in (("kept heads only", KEPT_CI), ("gates", GATES_CI)):
+            if not set(columns) <= set(sweep.columns):
+                continue
+            change, low, high = (float(row[c]) for c in columns)
+            if not (np.isfinite(low) and np.isfinite(high)):
+                parts.append(f"{name} no interval (under 2 examples)")
+            elif max(change - low, high - change) / (hi - lo) * tall < sizes[name] / 2:
+                whole = name == "kept heads only" and float(row.get("fraction_kept", 0.0)) == 1.0 and low == high
+                parts.append(f"{name} 0 wide (every head kept: the unpruned model itself)" if whole
+                             else f"{name} {change:+.2g} [{low:+.2g}, {high:+.2g}]")
+        if parts:
+            said.append(f"{int(row['heads_kept'])} heads: " + ", ".join(parts))
     return said[:most] + ([f"{len(said) - most} more"] if len(said) > most else [])
 
 

@@ -143,8 +143,13 @@ def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Seq
     drawn flat, without n, at every k-th place from the end (STEPS: the smallest k whose labels clear each other), the
     places `keep` names first (the answer position, the cells the finding names, where the prompts differ), each
     kept unless it runs into one named before it (plots.thin_xtick_labels); the pale columns' n goes to the x label
-    by runs. Returns whether it thinned them."""
+    by runs. Returns whether it thinned them. What it started from is kept on the axes, so that fit_position_ticks
+    thins again at the figure's final layout."""
     fig = ax.figure
+    if not hasattr(ax, "_position_ticks"):
+        ax._position_ticks = (list(ax.get_xticks()), [t.get_text() for t in ax.get_xticklabels()],
+                              ax.get_xticklabels()[0].get_rotation() if len(ax.get_xticklabels()) else 0.0,
+                              ax.get_xlabel(), (offsets, plain, keep, partial, n_prompts, prompt_end))
     fig.tight_layout()  # the layout the figure is saved with (laid_out): measure the labels there
     fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
@@ -163,6 +168,29 @@ def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Seq
     note = [f"Pale columns are averaged over fewer than all {n_prompts} prompts:", *_n_runs(offsets, partial)] if partial else []
     ax.set_xlabel("\n".join([_position_axis(n_prompts, prompt_end) + LAST[prompt_end], *_lines(note)]))
     return True
+
+
+def fit_position_ticks(ax: Axes) -> bool:
+    """Review 17v C1: the position ticks were thinned at the first layout, then the colour bar's wrapped label
+    narrowed the map and "-32-30-28" ran together. At the figure's final layout (after fit_title, fit_axis_labels
+    and keep_drawn_size) the ticks and x label are put back as drawn and thinned again (_legible_positions, the
+    same rule), then the labels fitted again, until the blanked ticks no longer change. Returns whether it thinned."""
+    kept = getattr(ax, "_position_ticks", None)
+    if kept is None:
+        return False
+    ticks, texts, rotation, xlabel, args = kept
+    blanked, thinned = None, False
+    for _ in range(3):
+        ax.set_xticks(ticks, texts, rotation=rotation)
+        ax.set_xlabel(xlabel)
+        thinned = _legible_positions(ax, *args)
+        fit_axis_labels(ax)
+        keep_drawn_size(ax)
+        now = [i for i, t in enumerate(ax.get_xticklabels()) if not t.get_text()]
+        if now == blanked:
+            break
+        blanked = now
+    return thinned
 
 
 NBSP = "\u00a0"
@@ -245,11 +273,11 @@ def _fit_bar_label(bar: Axes) -> bool:
     return True
 
 
-def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
+def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns, say: bool = True) -> None:
     """Hatch grey the cells that are 0 by construction, so they do not read as a measured 0, and say why in the
     title: the exact table's `never_read` (review 12b A1: the last layer's writes before the answer position,
     on every decoder; hatched \\\\) and `unreachable` (review 9a B2: cells the sliding windows keep from the
-    answer position; hatched //)."""
+    answer position; hatched //). say False: hatched only, the caption says why (a report's maps, review 16c C4)."""
     said = []
     for column, hatch, why in (("never_read", "\\\\", "a last-layer write before the answer is never read"),
                                ("unreachable", "//", "beyond the sliding windows' reach of the answer")):
@@ -259,7 +287,7 @@ def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
             index=index, columns="pos", values=column, aggfunc="max").reindex(columns=columns)
         hatch_cells(ax, grid.fillna(False).astype(bool).to_numpy(), hatch=hatch, zorder=3)
         said.append(f"hatched {hatch[0]}: {why}")
-    if said:
+    if said and say:
         ax.set_title(ax.get_title() + f"\n(0 by construction; {'; '.join(said)})", fontsize="medium")
 
 
@@ -278,13 +306,15 @@ def _position_axis(n_prompts: int | None, prompt_end: bool = False) -> str:
 
 
 def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str, bound: float | None = None,
-             quiet: str | None = None, floor: float = 0.0) -> Axes:
+             quiet: str | None = None, floor: float = 0.0, notes: bool = True) -> Axes:
     """Diverging heat map centred on 0 with limits -bound..bound (the panel's own max |value| when None),
     its colour bar ticked at fixed fractions of the bound (plots.scale_ticks: panels of one scale, one set
     of ticks, whatever their heights); a panel whose own max is under half the shared bound prints it in
     the title; `quiet` mutes the map and adds its reason to the title. floor (the summary's rounding floor in
     the map's units; reviews 14a C2, 14b C3): non-zero cells within it are dotted grey (their sign is not
-    measured), and a panel whose every cell is within it is muted and says ROUNDING ONLY, as the heads map does."""
+    measured), and a panel whose every cell is within it is muted and says ROUNDING ONLY, as the heads map does.
+    notes False: the dotted cells' line is left to the caption (caption_for, review 16c C4: a 4-line title over a
+    3-row map)."""
     values = grid.to_numpy(dtype=float)  # [rows, columns]
     own = symmetric_bound(values)
     bound = bound or own
@@ -297,7 +327,7 @@ def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str, bound: float 
     sns.heatmap(grid, ax=ax, **scale, cbar_kws={"label": label, **scale_ticks(bound)}, xticklabels=True, yticklabels=True)
     if rounding is not None and rounding.any():
         hatch_cells(ax, rounding, hatch="..", zorder=2)
-        if not only:
+        if not only and notes:
             title += f"\n(dotted: within the rounding floor ±{floor:.2g}, sign not measured)"
     if own < 0.5 * bound:
         title += f"\n(this panel's max |value| {own:.2g}; scale shared with every site: ±{bound:.2g})"
@@ -365,12 +395,13 @@ def _say_differ(ax: Axes, differ: Sequence[int], positions, n_positions: int | N
 def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: str = "effect",
                    n_prompts: int | None = None, n_positions: int | None = None, label: str | None = None,
                    bound: float | None = None, quiet: str | None = None, keep: Sequence[int] = (),
-                   prompt_end: bool = False, floor: float = 0.0, differ: Sequence[int] = (),
+                   prompt_end: bool = False, floor: float = 0.0, differ: Sequence[int] = (), notes: bool = True,
                    ax: Axes | None = None) -> Axes:
     """Layer x position heatmap of one (layer, pos) site type (`data`: the exact table); positions
     labelled by position_labels, thinned where they would run together (_legible_positions, keeping the answer
     position and the places from the end in `keep` labelled first); `differ`: the places from the end where clean
-    and corrupted prompts differ, named in the title (_say_differ)."""
+    and corrupted prompts differ, named in the title (_say_differ). notes False (a report's maps): the title is the
+    map's name alone, and the dotted cells, the hatches and `differ` are said in the caption (caption_for)."""
     ax = axes(ax)
     rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index="layer", columns="pos", values=column, aggfunc="mean")
@@ -378,9 +409,9 @@ def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: 
     positions = grid.columns
     plain = position_labels(rows, grid.columns, n_prompts, n_positions)
     grid.columns = plain
-    _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound, quiet, floor)
-    _hatch_unreachable(ax, rows, "layer", positions)
-    _say_differ(ax, differ, positions, n_positions)
+    _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound, quiet, floor, notes)
+    _hatch_unreachable(ax, rows, "layer", positions, notes)
+    _say_differ(ax, differ if notes else (), positions, n_positions)
     ax.set_xlabel(_position_axis(n_prompts, prompt_end))
     ax.set_ylabel("layer")
     _mute_partial(ax, partial, grid.shape[0], n_prompts)
@@ -390,14 +421,15 @@ def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: 
 
 def plot_layer_head(data: pd.DataFrame, *, site_type: str = "head_out", column: str = "effect",
                     label: str | None = None, bound: float | None = None, quiet: str | None = None,
-                    floor: float = 0.0, ax: Axes | None = None) -> Axes:
-    """Layer x head heatmap of one (layer, head) site type (`data`: the exact table); k and v are per KV head."""
+                    floor: float = 0.0, notes: bool = True, ax: Axes | None = None) -> Axes:
+    """Layer x head heatmap of one (layer, head) site type (`data`: the exact table); k and v are per KV head; notes
+    as plot_layer_pos."""
     ax = axes(ax)
     rows = data[(data["site_type"] == site_type) & data["pos"].isna()]
     grid = rows.pivot_table(index="layer", columns="head", values=column, aggfunc="mean")
     grid.columns = [int(h) for h in grid.columns]  # a head index, even after a float round trip through CSV
     unit = "KV head" if site_type in KV_SITES else "head"
-    _heatmap(grid, ax, f"patching {site_type}, by layer and {unit}", label or column, bound, quiet, floor)
+    _heatmap(grid, ax, f"patching {site_type}, by layer and {unit}", label or column, bound, quiet, floor, notes)
     ax.set_xlabel(unit)
     ax.set_ylabel("layer")
     return ax
@@ -406,10 +438,10 @@ def plot_layer_head(data: pd.DataFrame, *, site_type: str = "head_out", column: 
 def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", column: str = "effect",
                   n_prompts: int | None = None, n_positions: int | None = None, label: str | None = None,
                   bound: float | None = None, quiet: str | None = None, keep: Sequence[int] = (),
-                  prompt_end: bool = False, floor: float = 0.0, differ: Sequence[int] = (),
+                  prompt_end: bool = False, floor: float = 0.0, differ: Sequence[int] = (), notes: bool = True,
                   ax: Axes | None = None) -> Axes:
     """(layer, head) x position heatmap of per-position head patching (`data`: the exact table); positions thinned
-    and `differ` named as in plot_layer_pos."""
+    and `differ` named (`notes`) as in plot_layer_pos."""
     ax = axes(ax)
     rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index=["layer", "head"], columns="pos", values=column, aggfunc="mean")
@@ -418,9 +450,9 @@ def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", col
     plain = position_labels(rows, grid.columns, n_prompts, n_positions)
     grid.columns = plain
     grid.index = [f"L{int(layer)}H{int(head)}" for layer, head in grid.index]
-    _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound, quiet, floor)
-    _hatch_unreachable(ax, rows, ["layer", "head"], positions)
-    _say_differ(ax, differ, positions, n_positions)
+    _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound, quiet, floor, notes)
+    _hatch_unreachable(ax, rows, ["layer", "head"], positions, notes)
+    _say_differ(ax, differ if notes else (), positions, n_positions)
     ax.tick_params(axis="y", labelsize=max(4, min(9, 300 / max(1, len(grid)))))
     ax.set_xlabel(_position_axis(n_prompts, prompt_end))
     ax.set_ylabel("head (L layer H head)")
@@ -563,10 +595,11 @@ def figures(result, **kwargs) -> dict[str, Figure]:
         fit_title(ax)  # a title wider than its map runs under the colour bar's label (review 9b B3)
         fit_axis_labels(ax)  # an x label wider than its map runs into the colour bar's label (review 11c B3)
         keep_drawn_size(ax)  # long titles and labels never crush the map (review 14bv C1)
+        fit_position_ticks(ax)  # thinned again at the final size (review 17v C1)
 
     if exact is not None:
         present = set(exact["site_type"])
-        common = {"label": label, "bound": shared, "quiet": quiet, "floor": floor}
+        common = {"label": label, "bound": shared, "quiet": quiet, "floor": floor, "notes": False}  # notes: caption_for
         cited, differ = cited_cells(summary), list(differ_offsets(summary))
 
         def keep(st: str) -> list[int]:  # the places the finding names keep their ticks (review 10a B1)
@@ -664,11 +697,33 @@ SHARE_WORDS = {  # each caption's words for a share of the gap, as CAPTIONS / PR
 }
 
 
+def _run_notes(stem: str, summary: Mapping[str, Any]) -> str:
+    """What a report's exact map leaves out of its title (review 16c C4: 4 title lines over a 3-row map), for its
+    caption: this run's rounding floor in the map's units (the dotted cells') and, on a map by position, the places
+    from the end where clean and corrupted prompts differ ("" where neither applies)."""
+    said = ""
+    rounding = (summary.get("rounding_floor") or {}).get("floor")
+    if isinstance(rounding, (int, float)) and rounding:
+        said += f" This run's rounding floor: ±{abs(float(rounding) / scale(summary)[0]):.2g} in the map's units."
+    if stem[len("exact_"):] in (*BY_POS, "head_out_by_pos"):
+        places = [int(o) for o in differ_offsets(summary)]
+        if places:
+            more = f" and {len(places) - DIFFER_SAID} more" if len(places) > DIFFER_SAID else ""
+            said += (f" Clean and corrupted prompts differ at {', '.join(map(str, places[:DIFFER_SAID]))}{more} "
+                     "from the end.")
+    return said
+
+
 def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
     """Review 14bv C3: where the maps draw raw effects (scale: a gap within noise, or none recorded) the captions
-    say so, in the metric's words, instead of "a share of the clean-corrupted gap"; None where they draw shares."""
-    if not isinstance(summary, Mapping) or summary.get("normalized") or scale(summary)[0] != 1.0:
+    say so, in the metric's words, instead of "a share of the clean-corrupted gap"; an exact map's caption ends with
+    what its title leaves out (_run_notes); None where neither applies."""
+    if not isinstance(summary, Mapping):
         return None
+    notes = _run_notes(stem, summary) if stem.startswith("exact_") else ""
+    if summary.get("normalized") or scale(summary)[0] != 1.0:
+        kind = stem[len("exact_"):].replace("_", " ")
+        return PREFIX_CAPTIONS["exact_"] + f"Site: {kind}." + notes if notes else None
     from headscope.reports.findings import _words
 
     metric = _words(summary.get("metric", "metric"))
@@ -680,7 +735,7 @@ def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
            "attribution_vs_exact": f"both as raw changes in the {metric} (not shares of the clean-corrupted gap: {why})"}
     if stem.startswith("exact_"):
         kind = stem[len("exact_"):].replace("_", " ")
-        return PREFIX_CAPTIONS["exact_"].replace(SHARE_WORDS["exact_"], raw["exact_"]) + f"Site: {kind}."
+        return PREFIX_CAPTIONS["exact_"].replace(SHARE_WORDS["exact_"], raw["exact_"]) + f"Site: {kind}." + notes
     if stem in SHARE_WORDS:
         return CAPTIONS[stem].replace(SHARE_WORDS[stem], raw[stem])
     return None

@@ -200,6 +200,18 @@ GUIDE = (  # how to read this section of the report
     "attention maps show which heads look at the gold item, and the sink panel shows how much "
     "attention parks on the first tokens against the uniform baseline."
 )
+ALIBI_SINK_BASELINE = ("against the share ALiBi's position bias alone gives them with every score equal (this model's "
+                       "positions are ALiBi's, not uniform attention)")
+
+
+def guide_for(summary: Mapping[str, Any]) -> str:
+    """The guide for this run: on an ALiBi model the sink panel's baseline is ALiBi's closed-form share
+    (summary sink_baseline "alibi"; models.alibi.first_key_share), not uniform attention (review 16c B1)."""
+    if summary.get("sink_baseline") == "alibi":
+        return GUIDE.replace("against the uniform baseline", ALIBI_SINK_BASELINE, 1)
+    return GUIDE
+
+
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "position_curve": "Answer metric (y) by the gold item's slot in the context (x), 95% band over examples (accuracy: "
                       "exact Clopper-Pearson; other metrics: bootstrap). "

@@ -42,8 +42,9 @@ class Needs:
       retrieval sweeps); names: task names it reads itself (e.g. position's "kv");
     english: its own data is English text, so the tokenizer must encode English without its unknown
       token (a tokenizer with the zoo vocabulary has zoo data instead); english_text: (model) -> (what
-      the data is, its text, how to run on other data), the text checked for this model, or None for
-      ENGLISH_PROBE (the decoder key-value instruction);
+      the data is, its text, how to run on other data), the text checked for this model, or None where this
+      model's default data needs no English (position's decoders: word_kv stands in where the tokenizer cannot
+      write the key-value prompt, and own_data says where nothing fits; review 17b C2); without it, ENGLISH_PROBE;
     own_data: (model) -> why the family's own data cannot be built for this model's tokenizer, or None
       (position: no default sweep fits it); the analysis is then skipped with that reason, not failed;
     own_records: (model, path, config) -> why a JSONL file of the family's own records does not fit this model
@@ -130,19 +131,18 @@ def _default_data_reasons(needs: Needs, model: Any) -> list[str]:
     if needs.english and not _zoo_vocabulary(model):
         from headscope.models.token_text import unknown_words
 
-        own = needs.english_text(model) if needs.english_text is not None else None
-        if own is not None:  # the data this model would run on, named with its unknown words and the way round
+        if needs.english_text is not None:  # the data this model would run on, None where it needs no English
+            own = needs.english_text(model)
+        else:
+            own = (f"{ENGLISH_PROBE!r}, English as this analysis's own data", ENGLISH_PROBE,
+                   "it cannot run on this tokenizer")
+        if own is not None:  # named with its unknown words, counted, and the way round
             what, text, instead = own
             lost = unknown_words(model.tokenizer, text)
             if lost:
                 n = len(set(text.split()))
                 return [f"{model.name}'s tokenizer maps {len(lost)} of the {n} distinct words of {what} to its unknown "
-                        f"token ({', '.join(lost[:4])}, ...); {instead}"]
-        else:
-            lost = unknown_words(model.tokenizer, ENGLISH_PROBE)
-            if lost:
-                return [f"{model.name}'s tokenizer maps English words ({', '.join(lost[:4])}) to its unknown token, "
-                        f"and this analysis's own data is English text"]
+                        f"token ({', '.join(lost[:4])}{', ...' if len(lost) > 4 else ''}); {instead}"]
     gap = needs.own_data(model) if needs.own_data is not None else None
     return [gap] if gap else []
 

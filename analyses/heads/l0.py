@@ -162,7 +162,9 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int 
     sweep: lambda, heads_kept, fraction_kept, surviving (names, "L0H3 L2H1") and, on the held-out examples (every
     example where the fit is in-sample), unpruned (the unpruned model's mean metric), metric (test-time gates),
     metric_binary (kept heads at 1, the others removed), change (metric_binary - unpruned, paired over the examples)
-    with change_ci_low / change_ci_high (its 95% t interval; NaN under 2 examples) and n_examples; split ("held_out"
+    with change_ci_low / change_ci_high (its 95% t interval; NaN under 2 examples), gates_change with
+    gates_change_ci_low / _high (the same for the test-time gates, metric - unpruned: review 17a C4, the figure's
+    bars) and n_examples; split ("held_out"
     or "in_sample"), in_sample_reason ("" when held out), n_train (the examples the gates were fitted on),
     held_out (their row numbers, "3 5 8"; "" in-sample) and change_in_sample with change_in_sample_ci_low / _high
     (the kept heads' change on the training examples: secondary, flattering), unpruned_in_sample and
@@ -185,6 +187,7 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int 
     values = scored[1:].mean(1)  # [2k]
     k, n = len(alphas), scored.shape[1]
     change = mean_intervals((scored[1 + k:] - scored[:1]).numpy())  # [k] each: the kept heads' paired change
+    gated = mean_intervals((scored[1:1 + k] - scored[:1]).numpy())  # [k] each: the test-time gates' paired change
     inside = mean_intervals((fitted[1 + k:] - fitted[:1]).numpy())  # [k] the same on the training examples
     shared = {"unpruned": float(scored[0].mean()), "n_examples": n, "split": "in_sample" if held is None else "held_out",
               "in_sample_reason": reason, "n_train": len(train), "unpruned_in_sample": float(fitted_means[0]),
@@ -197,7 +200,8 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int 
             "metric": float(values[i]), "metric_binary": float(values[k + i]),
             "metric_binary_in_sample": float(fitted_means[1 + k + i]),
             "change": float(change["mean"][i]), "change_ci_low": float(change["low"][i]),
-            "change_ci_high": float(change["high"][i]), **shared,
+            "change_ci_high": float(change["high"][i]), "gates_change": float(gated["mean"][i]),
+            "gates_change_ci_low": float(gated["low"][i]), "gates_change_ci_high": float(gated["high"][i]), **shared,
             "change_in_sample": float(inside["mean"][i]), "change_in_sample_ci_low": float(inside["low"][i]),
             "change_in_sample_ci_high": float(inside["high"][i]),
             "surviving": " ".join(head_label(l, h) for l, h in kept),

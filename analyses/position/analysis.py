@@ -152,14 +152,18 @@ def json_kv_reason(model: Any) -> str | None:
 def encoder_text(model: Any) -> tuple[str, str, str] | None:
     """(what, text, how to run on other data) of the data position runs on an encoder, the shipped
     retrieval passages (queries, relevant and distractor sentences), for contract.model_reasons' check
-    of unknown words; None on decoders (their check is the key-value instruction's words)."""
+    of unknown words; None on decoders, whose default data needs no English (review 17b C2: a tokenizer that maps
+    "JSON" to its unknown token was skipped, though word_kv, over its own one-token words, stands in where it cannot
+    write the key-value prompt; default_data_gap says where neither fits)."""
     if not model.facts.is_encoder:
         return None
     records = rec.load_retrieval_records()
     text = "\n".join(s for r in records for s in (r["query"], r["relevant"], *r["distractors"]))
     return ("position's encoder data, the shipped retrieval passages (analyses/data/retrieval.jsonl),", text,
             "give it retrieval records it can encode (a JSONL file, one object a line with query, relevant and "
-            "distractors) through `hs.position_bias(model, \"FILE.jsonl\")`")
+            "distractors) through `headscope position --model M --task FILE.jsonl` or "
+            "`hs.position_bias(model, \"FILE.jsonl\")`; a prompt/answer task file cannot stand in, position reads only "
+            "its own records")
 
 
 RECORDS_CHECKED = 200  # a records file's first rows read by the check before a run (the report's task-file check's)
@@ -240,7 +244,9 @@ def default_data_gap(model: Any) -> str | None:
     if prompts.fit_word_pairs(len(words), model.facts.n_ctx, 20) >= prompts.MIN_FIT_PAIRS:
         return None
     gap = prompts.json_kv_gap(model.tokenizer)
-    route = "; run `headscope position --model M --task QA.jsonl` with multi-document QA text it can encode"
+    route = ("; give it multi-document QA records it can encode, a JSONL file of one object a line with "
+             f"{', '.join(rec.QA_FIELDS)}, through `headscope position --model M --task QA.jsonl` (a prompt/answer "
+             "task file cannot stand in: position reads only its own records)")
     if gap is None:  # it writes the prompt, which does not fit the context
         floor = prompts.kv_floor_tokens(model.tokenizer, getattr(model, "prepends_bos", True))
         return (f"position's default data does not fit the context of {model.facts.n_ctx}: Liu et al.'s key-value "

@@ -791,16 +791,20 @@ def test_l0_gates_fitted_on_a_train_split_are_scored_on_held_out_examples_as_pla
     d_head = hf.config.hidden_size // hf.config.num_attention_heads
     idx = torch.arange(16)
 
-    def logit_diff(removed) -> torch.Tensor:  # [16] with the removed (layer, head) slices of o_proj's input zeroed
-        def zero(heads):
+    def logit_diff(removed, gates=None) -> torch.Tensor:  # [16] with the removed (layer, head) slices of o_proj's
+        # input zeroed, or each slice scaled by its gate {(layer, head): gate} (review 17a C4: the test-time gates)
+        scale = gates if gates is not None else {lh: 0.0 for lh in removed}
+
+        def zero(layer):
             def hook(mod, args):
                 x = args[0].clone()
-                for h in heads:
-                    x[..., h * d_head:(h + 1) * d_head] = 0.0
+                for (ll, h), g in scale.items():
+                    if ll == layer:
+                        x[..., h * d_head:(h + 1) * d_head] *= g
                 return (x,)
             return hook
 
-        handles = [hf.model.layers[l].self_attn.o_proj.register_forward_pre_hook(zero([h for ll, h in removed if ll == l]))
+        handles = [hf.model.layers[l].self_attn.o_proj.register_forward_pre_hook(zero(l))
                    for l in range(hf.config.num_hidden_layers)]
         try:
             with torch.no_grad():
@@ -827,6 +831,9 @@ def test_l0_gates_fitted_on_a_train_split_are_scored_on_held_out_examples_as_pla
         assert row.unpruned == pytest.approx(unpruned[held].mean().item(), abs=1e-4)
         assert row.metric_binary == pytest.approx(logit_diff(removed)[held].mean().item(), abs=1e-4)
         assert (row.change, row.change_ci_low, row.change_ci_high) == pytest.approx(t_interval(change[held]), abs=1e-4)
+        soft = logit_diff([], {(int(r.layer), int(r.head)): float(r.gate) for r in own.itertuples()}) - unpruned
+        assert (row.gates_change, row.gates_change_ci_low, row.gates_change_ci_high) == pytest.approx(
+            t_interval(soft[held]), abs=1e-4)  # the test-time gates' bar in l0.png
         assert (row.change_in_sample, row.change_in_sample_ci_low, row.change_in_sample_ci_high) == pytest.approx(
             t_interval(change[train]), abs=1e-4)
         assert row.unpruned_in_sample == pytest.approx(unpruned[train].mean().item(), abs=1e-4)  # l0_choice reads these

@@ -853,10 +853,55 @@ def test_too_few_words_for_its_own_kv_prompts_skip_position_with_the_cli_route(d
     assert reasons == [
         "this tokenizer cannot write position's default data, Liu et al.'s key-value prompt with UUID keys (the digits, "
         "'\"', '-', ':', '{' and '}' become its unknown token), and has 23 words that are one token, too few for 3 "
-        "key-value pairs of its own words in its context of 16; run `headscope position --model M --task QA.jsonl` "
-        "with multi-document QA text it can encode"]
+        "key-value pairs of its own words in its context of 16; give it multi-document QA records it can encode, a "
+        "JSONL file of one object a line with question, answers, gold_document, documents, through `headscope position "
+        "--model M --task QA.jsonl` (a prompt/answer task file cannot stand in: position reads only its own records)"]
     with pytest.raises(ValueError, match="position's json_kv data \\(Liu et al.'s key-value prompt, with UUID keys"):
         position_bias(model, "json_kv", n_examples=1)  # asked for by name: the one clear line
+
+
+def test_a_decoder_whose_tokenizer_lacks_an_instruction_word_runs_word_kv_not_skipped():
+    """Review 17b C2: Falcon's session tokenizer maps "JSON" to <unk>, and position was skipped with "maps English
+    words (JSON) to its unknown token, and this analysis's own data is English text", though a decoder's default
+    data needs no English where it cannot write the key-value prompt: word_kv runs over its own one-token words. The
+    digitless vocabulary without "JSON" (its 10 other instruction words and 12 more words, 22 in all): nothing
+    keeps position from running, and its default is word_kv."""
+    import re
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from headscope.analyses.core import contract
+    from headscope.analyses.core.registry import needs
+    from headscope.analyses.position.analysis import default_data_gap, json_kv_reason
+
+    words = [w for w in dict.fromkeys(re.findall(r"\w+", pp.KV_INSTRUCTION)) if w != "JSON"] + list(EXTRA_WORDS)
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "<bos>", "<eos>", ",", ".", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", bos_token="<bos>",
+                                  eos_token="<eos>")
+    model = SimpleNamespace(name="falconish", tokenizer=tok,
+                            facts=SimpleNamespace(is_encoder=False, n_ctx=64, d_vocab=len(tok), name="falconish"))
+    assert tok.unk_token_id in tok("JSON", add_special_tokens=False)["input_ids"] and len(words) == 22
+    assert json_kv_reason(model) is not None and default_data_gap(model) is None  # word_kv stands in
+    assert contract.model_reasons(needs("position"), model) == []
+
+
+def test_the_position_guide_names_alibis_sink_baseline_on_an_alibi_model():
+    """Review 16c B1 (verify 17v): on BLOOM the position section's intro still said the sink panel reads "against the
+    uniform baseline" while its caption, figure and finding read against ALiBi's share (summary sink_baseline)."""
+    from headscope.reports.html_report import _guide
+
+    alibi = _guide("position", {"sink_baseline": "alibi", "sink_baseline_share": 0.0188})
+    assert alibi.endswith("the sink panel shows how much attention parks on the first tokens against the share ALiBi's "
+                          "position bias alone gives them with every score equal (this model's positions are ALiBi's, "
+                          "not uniform attention).")
+    assert "uniform baseline" not in alibi
+    assert _guide("position", {"sink_baseline": "uniform"}).endswith("parks on the first tokens against the uniform "
+                                                                     "baseline.")
 
 
 @pytest.fixture(scope="module")

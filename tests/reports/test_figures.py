@@ -3007,7 +3007,8 @@ def test_patching_map_of_a_gap_within_noise_is_muted_on_a_scale_no_narrower_than
     try:
         np.testing.assert_allclose(_norm(ax)[1:], (-0.00684518475064649, 0.00684518475064649))
         assert "GAP WITHIN NOISE: muted colours" in " ".join(ax.get_title().split())
-        assert "(clean and corrupted prompts differ at -4 from the end)" in " ".join(ax.get_title().split())
+        assert "differ" not in ax.get_title()  # review 16c C4: said in the caption, not a title line over 2 rows
+        assert caption("exact_resid_pre", summary).endswith("Clean and corrupted prompts differ at -4 from the end.")
         mesh = ax.collections[0]
         red = rgb_to_hsv(np.asarray(mesh.cmap(mesh.norm(0.0028689)))[:3])
         top = rgb_to_hsv(np.asarray(mesh.cmap(1.0))[:3])  # the scale's own end: muted, never full red
@@ -3241,6 +3242,72 @@ def test_withheld_mib_curve_is_faint_and_its_legend_has_no_number_nor_overlaps_t
         plt.close(faith)
 
 
+def _qwen_resid_pre():
+    """Verify 17v's Qwen3-MoE bfloat16 resid_pre map in shape: 3 layers x 32 positions from the end, 8 prompts of 10 to
+    32 tokens (columns -32 to -11 pale), clean and corrupted differing at -6, -5, -2; a few cells within the rounding
+    floor 0.003 (dotted)."""
+    reach = {p: min(8, max(1, (p - 21) // 2 + 1)) if p < 22 else 8 for p in range(32)}  # prompts reaching each column
+    effect = {(0, 26): 0.1, (0, 27): 0.1, (0, 30): 0.6, (1, 31): 1.0, (2, 31): 1.0, (1, 27): 0.002, (2, 29): -0.001}
+    exact = pd.DataFrame([{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "position_from_end": p - 32,
+                           "token": "", "value": 0.0, "effect": effect.get((l, p), 0.0), "n_rows": reach[p]}
+                          for l in range(3) for p in range(32)])
+    summary = {"metric": "logit_diff", "normalized": True, "direction": "denoise", "n_examples": 8, "n_positions": 32,
+               "rounding_floor": {"basis": "one rounding step", "floor": 0.003},
+               "at_corrupted_token": {"differ_from_end": {"-6": 8, "-5": 8, "-2": 8}}}
+    return exact, summary
+
+
+def test_a_reports_patching_map_keeps_its_title_to_its_name_and_says_the_rest_in_its_caption():
+    """Review 16c C4 (verify 17v): exact_resid_pre's title took 4 lines over a 3-row map (the dotted cells' floor, the
+    places clean and corrupted differ, "measured)" and "the end)" alone on their lines). A report's map is titled by
+    its name alone; the caption ends with this run's floor and those places, in the map's units."""
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    exact, summary = _qwen_resid_pre()
+    fig = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+    try:
+        ax = fig.axes[0]
+        assert ax.get_title() == "patching resid_pre, by layer and position"
+        assert sum(1 for p in ax.patches if p.get_hatch() == "..") == 2  # the dots are drawn all the same
+        said = caption("exact_resid_pre", summary)
+        assert said.endswith("Site: resid pre. This run's rounding floor: ±0.003 in the map's units. Clean and corrupted "
+                             "prompts differ at -6, -5, -2 from the end.")
+        assert "differ" not in caption("exact_head_out", summary)  # a map by head has no positions
+    finally:
+        plt.close("all")
+
+
+def test_patching_position_ticks_are_thinned_again_at_the_final_size():
+    """Verify 17v C1: the ticks of Qwen3-MoE's resid_pre map ran together ("-32-30-28", 2 px apart) because they were
+    thinned before the colour bar's wrapped label narrowed the map. Drawn wide and then narrowed (as the final layout
+    narrows it), fit_position_ticks thins them again: every pair of labels is PAD px apart or more, measured, and -1
+    keeps its label; without it they overprint. In a report's stored figure too."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_patching import PAD, fit_position_ticks, plot_layer_pos
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    def gaps(ax) -> list[float]:
+        ax.figure.draw_without_rendering()
+        renderer = ax.figure.canvas.get_renderer()
+        boxes = sorted((t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()), key=lambda b: b.x0)
+        return [b.x0 - a.x1 for a, b in zip(boxes, boxes[1:])]
+
+    exact, summary = _qwen_resid_pre()
+    try:
+        ax = plot_layer_pos(exact, site_type="resid_pre", n_prompts=8, n_positions=32, ax=plt.subplots(figsize=(9, 4))[1])
+        laid_out(ax)
+        assert min(gaps(ax)) >= PAD - 0.01
+        ax.figure.set_size_inches(5, 4)  # the map narrows after the first thinning
+        ax.figure.tight_layout()
+        assert min(gaps(ax)) < 0  # the old labels overprint at the final size
+        assert fit_position_ticks(ax)
+        assert min(gaps(ax)) >= PAD - 0.01 and [t.get_text() for t in ax.get_xticklabels()][-1] == "-1"
+        stored = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+        assert min(gaps(stored.axes[0])) >= PAD - 0.01
+    finally:
+        plt.close("all")
+
+
 def test_patching_cells_within_the_rounding_floor_are_dotted_and_a_panel_of_rounding_only_says_so():
     """Review 14a C2 / 14b B6: in bfloat16 (rounding floor 0.0079, one step of the metric) head_out effects of
     0.0055 at most were drawn at full colour on a ±0.0055 scale. Now the scale spans at least two floors (±0.0158),
@@ -3267,7 +3334,8 @@ def test_patching_cells_within_the_rounding_floor_are_dotted_and_a_panel_of_roun
                 assert "ROUNDING ONLY: muted colours (every cell within the rounding floor ±0.0079" in title
             else:
                 np.testing.assert_allclose(_norm(ax)[1:], (-0.05, 0.05))
-                assert "ROUNDING ONLY" not in title and "dotted: within the rounding floor ±0.0079" in title
+                assert "ROUNDING ONLY" not in title and "dotted" not in title  # review 16c C4: the caption says it
+                assert "This run's rounding floor: ±0.0079 in the map's units." in caption("exact_head_out", summary)
         finally:
             plt.close("all")
 
@@ -3392,6 +3460,37 @@ def test_l0_legend_says_where_the_test_time_gates_cross_sits_inside_the_kept_hea
         assert apart < radius and said[1:3] == ["test-time gates", "(the x inside the circle at 18\nheads, -1.6768 vs -1.6787)"]
         said, apart, radius = drawn(-1.6787 + 0.04)
         assert apart > radius and said[1] == "test-time gates" and not any("inside the circle" in t for t in said)
+    finally:
+        plt.close("all")
+
+
+def test_l0_gates_carry_their_interval_and_the_legend_says_which_bars_their_marker_hides():
+    """Review 17a C4 (StableLM bf16 l0.csv): one lambda kept all 18 heads, so "kept heads only" is the unpruned model
+    (change 0, interval [0, 0]) and the gates' point (4.2090 against 4.21875) had no interval: the title said "bars:
+    95% CI" over no visible bar. The gates now carry theirs, drawn at metric + (ci - change); a bar that reaches less
+    than its marker's radius either side is named in the legend with its interval, and the 0-wide one says why."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_heads import plot_l0
+
+    def drawn(half: float):
+        row = {"lambda": 0.03, "heads_kept": 18, "fraction_kept": 1.0, "metric": 4.208984375, "metric_binary": 4.21875,
+               "change": 0.0, "change_ci_low": 0.0, "change_ci_high": 0.0, "unpruned": 4.21875, "n_examples": 8,
+               "split": "held_out", "in_sample_reason": "", "n_train": 8, "gates_change": -0.009765625,
+               "gates_change_ci_low": -0.009765625 - half, "gates_change_ci_high": -0.009765625 + half}
+        ax = plot_l0(pd.DataFrame([row]), metric="logit_diff", baseline=4.21875,
+                     tolerance={"basis": "metric", "band": 0.0422, "tolerance": 0.01})
+        laid_out(ax)
+        return ax, [t.get_text().replace("\n", " ") for t in ax.get_legend().get_texts()]
+
+    try:
+        ax, said = drawn(0.004)  # about 15 points either side on this axis: a visible bar
+        ends = [seg for c in ax.collections for seg in c.get_segments() if abs(seg[0][1] - seg[1][1]) > 1e-9]
+        assert [(float(a[1]), float(b[1])) for a, b in ends] == [pytest.approx((4.208984375 - 0.004, 4.208984375 + 0.004))]
+        assert ("(bars hidden by their marker, 95% CI of the change from unpruned: 18 heads: kept heads only 0 wide "
+                "(every head kept: the unpruned model itself))") in said
+        _, said = drawn(0.0001)  # under a point either side: hidden by the cross
+        assert ("(bars hidden by their marker, 95% CI of the change from unpruned: 18 heads: kept heads only 0 wide "
+                "(every head kept: the unpruned model itself), gates -0.0098 [-0.0099, -0.0097])") in said
     finally:
         plt.close("all")
 
