@@ -123,9 +123,19 @@ def _child(block: torch.nn.Module, name: str) -> torch.nn.Module | None:
 
 def mlp_entry(block: torch.nn.Module) -> torch.nn.Module:
     """The bridge module whose input is the MLP branch's alone (ln2, else the MLP): cutting its
-    input to the last position runs the MLP there only (the residual add broadcasts)."""
+    input to the last position runs the MLP there only (the residual add broadcasts; a parallel
+    block's attention output must be cut too, `last_of`: Falcon adds it into the MLP's output in
+    place, `mlp_output += attention_output`, which cannot broadcast [n, 1, d] up to [n, q, d])."""
     ln2 = _child(block, "ln2")
     return ln2 if ln2 is not None else block.mlp
+
+
+def last_of(out):
+    """An attention module's output cut to the last position: the tensor [n, q, d_model] -> [n, 1,
+    d_model], or a tuple's first entry (the rest, such as the patterns, unchanged)."""
+    if isinstance(out, tuple):
+        return (out[0][:, -1:],) + tuple(out[1:])
+    return out[:, -1:]
 
 
 def residual(a: torch.Tensor, x: torch.Tensor, p: Parts, *, in_place: bool) -> torch.Tensor:

@@ -14,7 +14,8 @@ What the engines need inside such a block enters through light torch hooks on th
 modules: the heads' z is the input of the attention's output projection (read for a capture,
 edited for gates), the keys and values of this call go through a one-call stand-in for the KV
 cache (prepending the captured keys and values before a resumed position), and the last block's
-MLP branch is cut to the last position (the residual add broadcasts). q and k for patterns on
+MLP branch is cut to the last position (the residual add broadcasts; a parallel block's attention
+output is cut there too, as Falcon adds it into the MLP's output in place). q and k for patterns on
 demand (`qk`) come from the layer run up to its attention function, with an attention
 implementation (registered with Hugging Face's AttentionInterface) that raises with its inputs:
 q and k after rotary and q/k norms, the layer's own mask, scale and score soft-cap. Positional
@@ -34,6 +35,7 @@ from __future__ import annotations
 import collections
 import copy
 import inspect
+import types
 from typing import Any
 
 import torch
@@ -81,6 +83,8 @@ def _unbridged(module: torch.nn.Module, made: dict[int, torch.nn.Module]) -> tor
     for name, value in list(vars(clone).items()):  # no hooks of the original's (ours go on the copy)
         if name.startswith(("_forward_", "_backward_")) and isinstance(value, dict):
             setattr(clone, name, collections.OrderedDict())
+        elif isinstance(value, types.MethodType) and value.__self__ is raw:  # a method patched on the instance
+            setattr(clone, name, types.MethodType(value.__func__, clone))  # (TL's Falcon forward): the copy's own
     clone._modules = {name: None if child is None else _unbridged(child, made) for name, child in raw._modules.items()}
     made[id(module)] = made[id(raw)] = clone
     return clone
@@ -115,8 +119,8 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
     attn.config = config
     qk_config = copy.copy(config)
     qk_config._attn_implementation = _QK
-    params = [p for p in inspect.signature(layer.forward).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]  # after the hidden states
+    params = [p for p in inspect.signature(type(layer).forward).parameters.values()  # the class's: an instance's
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][2:]  # patch takes *args; after self, hidden
     names = [p.name for p in params]
     cache_key = next((k for k in CACHE_KEYS if k in names), None)
     state: dict[str, Any] = {"edit": None, "z": None, "last": False}
@@ -131,8 +135,13 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
     def cut(module, args):  # the MLP branch at the last position only
         return ((args[0][:, -1:],) + tuple(args[1:])) if state["last"] else None
 
+    def cut_out(module, args, out):  # a parallel block's attention output there too (Falcon adds it in place)
+        return block_shape.last_of(out) if state["last"] else None
+
     o_proj.register_forward_pre_hook(on_z)
     made[id(block_shape.mlp_entry(block))].register_forward_pre_hook(cut)
+    if parts.parallel:
+        attn.register_forward_hook(cut_out)
 
     def named(args: tuple, kwargs: dict) -> dict | None:
         """The call's arguments by name (GPT-2's blocks get theirs positionally), or None."""
@@ -151,6 +160,8 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
             allowed = torch.ones(x.shape[1], n_keys, dtype=torch.bool, device=x.device).tril(n_keys - x.shape[1])
             kwargs["attention_mask"] = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(
                 ~allowed, torch.finfo(x.dtype).min)[None, None]  # [1, 1, q, keys] additive
+        if kwargs.get("output_attentions"):  # the copy returns no patterns; Falcon's would run eager on a None mask
+            kwargs["output_attentions"] = False
         cache = _OneCall(past)
         kwargs = {**kwargs, key: cache}
         state.update(edit=edit_z, last=last_query)
@@ -196,6 +207,8 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
             layer(x, **kwargs)
         except _QKTaken as taken:
             q, k, mask, scale, softcap = taken.args
+        except Exception:  # noqa: BLE001 - attention code of its own (Falcon's: eager unless "sdpa", no interface)
+            return None  # fails on the stand-in implementation: the bridge's pass instead
         else:
             return None
         finally:

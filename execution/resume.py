@@ -424,9 +424,6 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
     hooked = {block[0] for block in (split_block(name) for name, _ in fwd) if block is not None}
     cache: list[Any] = []  # the captured prefix as a Hugging Face cache, built for the first bridge block
 
-    def last_position(module, args):
-        return (args[0][:, -1:],) + tuple(args[1:])
-
     with torch.no_grad(), (model.hooks(fwd=fwd) if fwd else contextlib.nullcontext()):  # attaching costs ~1 ms
         for i in range(start, n_layers):
             last = last_only and i == n_layers - 1
@@ -439,19 +436,36 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
                 if out is not None:  # None: arguments it does not handle (the bridge block then runs)
                     x = out
                     continue
-            if from_pos and not cache:
-                cache.append(prefix_cache(model, ckpt.kv, from_pos, rows=rows))
-            args, kwargs = _with_cache(args, kwargs, cache[0] if cache else None)
-            # the last block's MLP branch sees the last position only; the residual add broadcasts
-            cut = block_shape.mlp_entry(blocks[i]).register_forward_pre_hook(last_position) if last else None
-            try:
-                out = blocks[i](x, *args, **kwargs)
-            finally:
-                if cut is not None:
-                    cut.remove()
-            x = out[0] if isinstance(out, tuple) else out
+            x = _bridge_block(model, ckpt, i, x, args, kwargs, rows, from_pos, last, cache)
         x = x[:, -1:] if last_only else x[:, drop:]
         return logits_of(model, x).to(ckpt.logits.device)
+
+
+def _last_position(module, args):
+    return (args[0][:, -1:],) + tuple(args[1:])
+
+
+def _bridge_block(model, ckpt: Checkpoint, i: int, x: torch.Tensor, args: tuple, kwargs: dict, rows: torch.Tensor,
+                  from_pos: int, last: bool, cache: list) -> torch.Tensor:
+    """Block i through the bridge (its hooks fire) on x [n, q, d_model] -> [n, q, d_model]; cache:
+    the captured prefix as a Hugging Face cache, built here on first use (from_pos). last: the MLP
+    branch runs at the last position only (the residual add broadcasts), and a parallel block's
+    attention output is cut there too (Falcon adds it into the MLP's output in place)."""
+    block = model.bridge.blocks[i]
+    if from_pos and not cache:
+        cache.append(prefix_cache(model, ckpt.kv, from_pos, rows=rows))
+    args, kwargs = _with_cache(args, kwargs, cache[0] if cache else None)
+    cuts = []
+    if last:
+        cuts.append(block_shape.mlp_entry(block).register_forward_pre_hook(_last_position))
+        if block_shape.is_parallel(block):
+            cuts.append(block.attn.register_forward_hook(lambda module, a, out: block_shape.last_of(out)))
+    try:
+        out = block(x, *args, **kwargs)
+    finally:
+        for cut in cuts:
+            cut.remove()
+    return out[0] if isinstance(out, tuple) else out
 
 
 def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tensor, torch.Tensor]], *,
@@ -464,8 +478,8 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
     positions computes every position instead). Returns [sum n_g, 1, d_vocab] in group order.
     """
     plans = _fast_plan(model)
-    if plans is None:
-        raise ConfigError("resume_mixed needs hook-free blocks (supports(model).fast).")
+    if plans is None:  # a caller's bug, not the user's: an internal error
+        raise RuntimeError("resume_mixed needs hook-free blocks (supports(model).fast).")
     blocks, n_layers = model.bridge.blocks, model.facts.n_layers
     if from_pos and not holds_prefix(ckpt.kv, from_pos):
         from_pos = 0  # a sliding-window cache kept only recent positions: recompute all
@@ -475,10 +489,10 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
         for i in range(groups[order[0]][0], n_layers):
             last = i == n_layers - 1
             if x is not None:
-                x = plans[i].full(x, *_block_call(ckpt, i, rows, from_pos), fast_blocks.past_kv(ckpt.kv, i, rows, from_pos),
-                                  last)  # the last block: [m, 1, d_model]
-                if x is None:
-                    raise ConfigError(f"block {i}'s arguments are not ones the hook-free blocks handle.")
+                args, kwargs = _block_call(ckpt, i, rows, from_pos)
+                out = plans[i].full(x, args, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
+                # None: arguments the hook-free block does not handle; the bridge's block runs it instead
+                x = out if out is not None else _bridge_block(model, ckpt, i, x, args, kwargs, rows, from_pos, last, [])
             for g in (g for g in order if groups[g][0] == i):
                 _, at, z = groups[g]
                 enter = take(ckpt.resid[i][:, from_pos:], at)  # [n_g, q, d_model]

@@ -24,12 +24,12 @@ def _check(model) -> Support:
     """The checks behind `supports`, for about 0.5-0.9 plain passes of two 6-token prompts
     (benchmarks/first_call.py, a random GPT-2-small shape), all from the one block `_check_start`
     (the last block, or the earliest that still leaves every kind of block after it): a reference
-    pass through the bridge in which only blocks from there on run (`_reference`), four resumes
-    with every saving at once (each saving on its own only where one fails, to say which), and the
-    hook-free capture replayed from there, compared block by block with the bridge's. In half
-    precision a failure is confirmed on a second pair of prompts before anything is turned off:
-    rounding can flip a near-tie (a mixture of experts' choice of expert) on one pair of prompts
-    by chance, while a wrong saving fails on both."""
+    pass through the bridge in which only blocks from there on run (`_reference`), six resumes
+    with every saving at once (two without the z shortcut, so the last block runs whole; each saving
+    on its own only where one fails, to say which), and the hook-free capture replayed from there,
+    compared block by block with the bridge's. In half precision a failure is confirmed on a second
+    pair of prompts before anything is turned off: rounding can flip a near-tie (a mixture of
+    experts' choice of expert) on one pair of prompts by chance, while a wrong saving fails on both."""
     found, failed, half = _check_on(model, seed=0)
     if failed and half:
         found, failed, _ = _check_on(model, seed=1)
@@ -77,11 +77,13 @@ def _check_on(model, seed: int) -> tuple[Support, list[tuple[str, str]], bool]:
         return resume.resume(model, ckpt, start, rows, **kwargs)
 
     plan = resume._fast_plan(model)
-    # all savings at once first (4 resumes); only where one of them fails, each on its own (the
+    # all savings at once first (6 resumes: 4 through the z shortcut, 2 running the last block whole, its
+    # MLP branch cut to the last position, which a block adding into its MLP's output in place, as
+    # Falcon's, must survive: review 17b A2); only where one of them fails, each on its own (the
     # sequence below says which to turn off)
     at_once = ckpt.kv is not None and plan is not None and holds("resuming", lambda: (
-        run(fast=hook_free, z=z, from_pos=3 if lo else 0, last_only=lo)
-        for hook_free in (False, True) for lo in (True, False)))
+        run(fast=hook_free, **kwargs) for hook_free in (False, True)
+        for kwargs in (dict(z=z, from_pos=3), dict(z=z, last_only=False), dict(from_pos=3))))
     if at_once:
         failed.clear()
         ok = shortcut = prefix = fast = True

@@ -26,7 +26,7 @@ from headscope.errors import (
     TokenizationError,
     TokenizationWarning,
 )
-from headscope.models import heap
+from headscope.models import attention_layout, heap
 from headscope.models.readout import is_post_ln_block, unembed_weight
 from headscope.models.tl_habits import TLHabits
 from headscope.models.token_text import token_strings, unknown_words
@@ -91,6 +91,10 @@ class ModelFacts:
     # The token embedding's width where it is projected into the stream (OPT-350m's word_embed_proj_dim:
     # project_in [d_embed -> d_model], project_out back before the unembedding); None where it is d_model.
     d_embed: int | None = None
+    # Review 17a C3 (models/attention_layout.py): the dims of each head rotary turns where fewer than d_head
+    # (StableLM's partial_rotary_factor 0.25: 4 of 16), and the q/k norm ("LayerNorm per head"), else None.
+    rotary_dims: int | None = None
+    qk_norm: str | None = None
 
     @property
     def attention_layout(self) -> str:
@@ -148,7 +152,21 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         fixed_context=config_names_context(getattr(getattr(bridge, "original_model", None), "config", None)),
         post_ln=any(is_post_ln_block(b) for b in getattr(bridge, "blocks", None) or []),
         d_embed=_projected_embedding(bridge, int(cfg.d_model)),
+        **_attention_facts(bridge, None if mla else int(cfg.d_head), str(getattr(cfg, "positional_embedding_type", ""))),
     )
+
+
+def _attention_facts(bridge: Any, d_head: int | None, positional: str) -> dict[str, Any]:
+    """ModelFacts' rotary_dims and qk_norm from the first block's Hugging Face attention (none read under MLA,
+    whose header words name its rotary part, nor where the model has no blocks)."""
+    blocks = getattr(bridge, "blocks", None)
+    attn = getattr(blocks[0], "attn", None) if blocks is not None and len(blocks) else None
+    if d_head is None or attn is None:
+        return {}
+    raw = raw_module(attn)
+    config = getattr(getattr(bridge, "original_model", None), "config", None)
+    rotary = attention_layout.rotary_dims(raw, config, d_head) if positional == "rotary" else None
+    return {"rotary_dims": rotary, "qk_norm": attention_layout.qk_norm(raw, d_head)}
 
 
 # HF config fields that bound a model's positions (GPT-2's n_positions, Llama's max_position_embeddings, ...)
@@ -418,9 +436,10 @@ class HookedModel(TLHabits):
     def __repr__(self) -> str:
         f = self.facts
         kind = "encoder" if f.is_encoder else "decoder"
+        attention = "".join(w + ", " for w in attention_layout.attention_words(f.rotary_dims, f.d_head, f.qk_norm))
         return (
             f"HookedModel({f.name!r}: {f.family} {kind}, {f.n_layers} layers x {f.n_heads} heads "
-            f"({f.n_kv_heads} KV), d_model={f.d_model}, {self._mlp_repr()}, n_ctx={f.context_words}, "
+            f"({f.n_kv_heads} KV), {attention}d_model={f.d_model}, {self._mlp_repr()}, n_ctx={f.context_words}, "
             f"dtype={str(self.dtype).removeprefix('torch.')}, device={self.device})"
         )
 

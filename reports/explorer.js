@@ -279,8 +279,7 @@
   caveatNote.hidden = true;
   left.appendChild(mutedNote); left.appendChild(caveatNote); left.appendChild(grid);
   var legendBox = el("div"); left.appendChild(legendBox);
-  if (G > 1) left.appendChild(el("div", "hsx-note", "Grouped by KV head: " + G + " query heads share each of " + KV +
-    " KV heads."));
+  if (G > 1 && data.kv_note) left.appendChild(el("div", "hsx-note", data.kv_note));  // explorer.kv_note's words
 
   // ---- thumbnails: every head's pattern on the chosen example ----
   var thumbBox = el("div", "hsx-thumbs");

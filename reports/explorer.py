@@ -9,7 +9,7 @@ which `html_report` embeds in report.html (the report itself never computes).
 
 The data dict (format 1):
 
-    model, family, n_layers, n_heads, n_kv_heads, is_encoder
+    model, family, n_layers, n_heads, n_kv_heads, is_encoder, kv_note (heads sharing K/V only: kv_note's words)
     scale:     patterns are stored as integers, round(p * scale) (scale 10000: 4 decimals)
     examples:  [{tokens: [str], text (the shown tokens decoded: the prompt list's label), n_tokens_total, truncated
                  (with positions, each shown token's place in the prompt, and cut [first, last]: a longer prompt shows
@@ -160,9 +160,22 @@ def explorer_data(f: Any, captured: Captured, *, head_scores: Any = None, defaul
     return {
         "format": FORMAT, "model": f.name, "family": f.family, "source": source,
         "n_layers": f.n_layers, "n_heads": f.n_heads, "n_kv_heads": f.n_kv_heads, "is_encoder": f.is_encoder,
+        **({"kv_note": note} if (note := kv_note(f.n_heads, f.n_kv_heads)) else {}),
         "scale": SCALE, "examples": examples, "scores": scores, "labels": labels, "default_score": default_score,
         **({"windows": [int(w) if w else None for w in windows]} if windows and any(windows) else {}),
     }
+
+
+def kv_note(n_heads: int, n_kv_heads: int) -> str | None:
+    """The grid's note on heads that share keys and values, None under multi-head attention: "Grouped by KV head:
+    all 6 query heads share one K/V head (multi-query)." or "... each of the 2 K/V heads is shared by 3 query heads
+    (grouped-query)." (review 17b C4: "6 query heads share each of 1 KV heads")."""
+    if not 0 < n_kv_heads < n_heads or n_heads % n_kv_heads:
+        return None
+    if n_kv_heads == 1:
+        return f"Grouped by KV head: all {n_heads} query heads share one K/V head (multi-query)."
+    return (f"Grouped by KV head: each of the {n_kv_heads} K/V heads is shared by {n_heads // n_kv_heads} query heads "
+            "(grouped-query).")
 
 
 def pattern_from_data(data: Mapping[str, Any], example: int, layer: int, head: int) -> list[list[float]]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from headscope.models.attention_layout import attention_words
 from headscope.reports import io
 from headscope.reports.explorer_view import (
     caveat_scores,
@@ -415,7 +416,10 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     findings = _findings_html(names, status, texts, link) if link else _findings_html(names, status, texts)
     title = f"headscope report: {model.get('name', '')}"
     facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads"
-             f"{_kv_clause(model)}, d_model {model.get('d_model', '?')}")
+             f"{_kv_clause(model)}, "
+             # review 17a C3: partial rotary and q/k norms change what "positional" and the kv norm sentences read
+             + "".join(w + ", " for w in attention_words(model.get("rotary_dims"), model.get("d_head"), model.get("qk_norm")))
+             + f"d_model {model.get('d_model', '?')}")
     if isinstance(model.get("mla"), dict):  # review 15d C4: the per-head widths of multi-head latent attention
         from headscope.models.hooked_model import mla_words
 

@@ -34,7 +34,7 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
     (GQA), "qwen2" (biases on q, k and v), "mistral" and "qwen3" (q/k norms), "deepseek_v3" (multi-head latent
     attention, dense MLPs unless first_k_dense_replace says otherwise; the MoE routers' e_score_correction_bias
     drawn N(0, 0.1^2) so the choice's bias counts); 2 layers unless `config`, which overrides fields of the Hugging
-    Face config, says otherwise; "cohere" (parallel block, one norm);
+    Face config, says otherwise; "cohere" (parallel block, one norm); "falcon" (multi-query, parallel block);
     "granite" (Llama-style, embedding x12, residual writes x0.22, attention scores
     x1/128, logits /8). Matrices and stacked experts' weights are drawn N(0, 0.2^2).
 
@@ -90,6 +90,11 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
                       num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
                       first_k_dense_replace=2, max_position_embeddings=N_CTX, tie_word_embeddings=False)
         make = transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config
+    elif family == "falcon":  # Falcon-7B's layout: multi-query (1 KV head), parallel attention and MLP on one
+        # LayerNorm, rotary, no biases; new_decoder_architecture=True with num_kv_heads (Falcon-40B: GQA) by `config`
+        fields = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, new_decoder_architecture=False,
+                      multi_query=True, parallel_attn=True, alibi=False, bias=False, max_position_embeddings=N_CTX)
+        make = transformers.FalconForCausalLM, transformers.FalconConfig
     elif family == "cohere":  # parallel attention and MLP reading one LayerNorm (no bias), GQA, logits x1/16
         fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=N_CTX)

@@ -76,16 +76,28 @@ class Failure:
     message: str
     traceback: str = ""
     mistake: bool = False
+    model: str = ""  # the model's architecture (FalconForCausalLM), where known
 
     @classmethod
-    def of(cls, analysis: str, err: BaseException) -> Failure:
+    def of(cls, analysis: str, err: BaseException, model: Any = None) -> Failure:
+        facts = getattr(model, "facts", None)
         return cls(analysis=analysis, error_type=type(err).__name__, message=str(err),
-                   traceback="".join(traceback.format_exception(err)), mistake=isinstance(err, HeadscopeError))
+                   traceback="".join(traceback.format_exception(err)), mistake=isinstance(err, HeadscopeError),
+                   model=str(getattr(facts, "architecture", "") or ""))
 
     @property
     def status(self) -> str:
-        """The manifest's status line: "failed: Type: message"."""
-        return f"failed: {self.error_type}: {self.message}"
+        """The manifest's status line: "failed: Type: message" for a user's mistake; a bug's names the analysis and
+        the model's architecture and says it is headscope's, in one line (review 17b C3: raw exception text alone
+        read as if the user's settings, or the dtype, were at fault): "failed: heads does not run on
+        FalconForCausalLM yet, an internal error rather than a setting (RuntimeError: ...); please report it"."""
+        if self.mistake:
+            return f"failed: {self.error_type}: {self.message}"
+        line = (self.message.splitlines() or [""])[0]
+        line = line if len(line) <= 200 else line[:199] + "\u2026"
+        where = f" on {self.model}" if self.model else ""
+        return (f"failed: {self.analysis} does not run{where} yet, an internal error rather than a setting "
+                f"({self.error_type}: {line}); please report it")
 
 
 @dataclass(frozen=True)
@@ -287,7 +299,7 @@ def run_planned(model: Any, name: str, plan: Plan, seed: int, analysis: Any = No
             log.error("%s failed: %s", name, err)
         else:
             log.exception("%s failed", name)
-        return Outcome(name, failure=Failure.of(name, err), seconds=time.perf_counter() - start)
+        return Outcome(name, failure=Failure.of(name, err, model), seconds=time.perf_counter() - start)
     return Outcome(name, result=result, seconds=time.perf_counter() - start)
 
 

@@ -113,6 +113,26 @@ def test_a_failure_is_an_object_with_its_type_message_and_traceback():
     assert (bug.error_type, bug.mistake) == ("KeyError", False) and "Traceback" in bug.traceback
 
 
+def test_a_bugs_status_names_the_analysis_and_the_architecture_and_says_it_is_headscopes():
+    """Review 17b C3: compare and the report showed a bug as its raw exception text ("RuntimeError: output with
+    shape [2, 1, 96] ..."), which reads as if the settings or the dtype were at fault; the status line now names
+    the analysis and the model's architecture, in one line."""
+    from types import SimpleNamespace
+
+    from headscope.analyses.core.runner import Failure
+
+    model = SimpleNamespace(facts=SimpleNamespace(architecture="FalconForCausalLM"))
+    try:
+        raise RuntimeError("output with shape [2, 1, 96] doesn't match the broadcast shape [2, 10, 96]\nsecond line")
+    except RuntimeError as err:
+        bug = Failure.of("patching", err, model)
+    assert bug.status == ("failed: patching does not run on FalconForCausalLM yet, an internal error rather than a "
+                          "setting (RuntimeError: output with shape [2, 1, 96] doesn't match the broadcast shape "
+                          "[2, 10, 96]); please report it")
+    assert Failure.of("kv", KeyError("x")).status == ("failed: kv does not run yet, an internal error rather than a "
+                                                      "setting (KeyError: 'x'); please report it")
+
+
 def test_the_explorer_shows_every_task_the_sections_used_each_sample_first(zoo_model, monkeypatch):
     """#34 item 1: the explorer holds one group per task the report's sections used (position's own sweeps
     and probes' data included), each starting with the sample prompt that section's provenance line shows
