@@ -2339,7 +2339,10 @@ def test_dla_components_zero_by_construction_are_neither_ranked_nor_tied():
             "remainder": ("remainder", [9e-8, -5e-8, 1e-7, 0.0]), "b_U": ("unembed_bias", [0.0] * 4)}
     s = _dla_summary(rows)
     assert s["dla_last_named_ties"]["within"] == ["L0H3"]
-    assert "tied with 1 other head within its interval (L0H3 +0.78)" in finding("circuits", s)
+    # review 17a B3: L1H0's interval reaches 0, so every writer near 0 is inside it: that is said, not a tie list
+    text = finding("circuits", s)
+    assert "L1H0's 95% interval reaches 0: it is not singled out from writing nothing." in text
+    assert "tied with" not in text
     assert not {"attn_bias0", "attn_bias1", "remainder", "b_U"} & set(s["dla_top_components"])
     biased = _dla_summary({**rows, "attn_bias1": ("attn_bias", [0.05] * 4)})
     assert biased["dla_last_named_ties"]["within"] == ["L0H3", "attn_bias1"]
@@ -2359,13 +2362,34 @@ def test_dla_zero_floor_follows_the_runs_dtype():
             "remainder": ("remainder", [-1.5e-4, 1e-4, 0.0, -1e-4])}
     low = _dla_summary(rows, torch.bfloat16)
     assert low["dla_zero_components"] == ["attn_bias0", "attn_bias1", "remainder"]
-    assert "tied with 1 other head within its interval (L0H3 +0.78)" in finding("circuits", low)
+    assert low["dla_last_named_ties"]["within"] == ["L0H3"]  # L1H0's interval reaches 0: said so (review 17a B3)
     f32 = _dla_summary(rows)  # float32: these rows are over its floor, the old behaviour in every dtype
     assert f32["dla_zero_components"] == [] and f32["dla_last_named_ties"]["within"][0] == "L0H3"
-    assert len(f32["dla_last_named_ties"]["within"]) == 4
+    assert f32["dla_last_named_ties"]["within"] == ["L0H3", "attn_bias1", "attn_bias0"]  # never the remainder
     biased = _dla_summary({**rows, "attn_bias1": ("attn_bias", [0.05] * 4)}, torch.bfloat16)  # a real bias stays
     assert biased["dla_zero_components"] == ["attn_bias0", "remainder"]
     assert biased["dla_last_named_ties"]["within"] == ["L0H3", "attn_bias1"]
+
+
+def test_dla_ties_never_count_the_remainder_or_the_final_norms_bias():
+    """Review 17a B3: "L0H4 (+0.61, 95% CI [-0.21, 1.43]), tied with 23 components (15 heads, 3 MLPs, 3 attn_bias,
+    1 ln_final_bias, 1 remainder)". The remainder (what the writers do not sum to) and the final norm's bias are not
+    writers. By hand as below: L1H0 [1, 0.6, 1, 0.6] -> [0.43, 1.17] holds L0H3 (+0.78), a remainder of 0.8 and an
+    ln_final_bias of 0.7; only L0H3 is tied. The review's own summary (written before) lists them; the words drop
+    them, and where the last named writer's interval reaches 0 they say that instead of a list."""
+    s = _dla_summary({"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
+                      "L1H0": ("head", [1, 0.6, 1, 0.6]), "L0H3": ("head", [0.78] * 4),
+                      "remainder": ("remainder", [0.8] * 4), "ln_final_bias": ("ln_final_bias", [0.7] * 4)})
+    ties = s["dla_last_named_ties"]
+    assert ties["within"] == ["L0H3"] and ties["reaches_zero"] is False
+    assert "tied with 1 other head within its interval (L0H3 +0.78) of a final" in finding("circuits", s)
+    old = {**s, "dla_last_named_ties": {"component": "L1H0", "within": ["remainder", "L0H3", "ln_final_bias"],
+                                        "kinds": ["remainder", "head", "ln_final_bias"], "means": [0.8, 0.78, 0.7]}}
+    assert "tied with 1 other head within its interval (L0H3 +0.78) of a final" in finding("circuits", old)
+    review = {**s, "dla_top_intervals": {**s["dla_top_intervals"], "L1H0": {
+        "ci": [-0.2107, 1.4280], "mean": 0.6087, "n": 16, "sd": 1.5377}}}
+    text = finding("circuits", review)
+    assert "L1H0's 95% interval reaches 0: it is not singled out from writing nothing." in text and "tied with" not in text
 
 
 def test_dla_third_writer_says_who_is_tied_with_it_and_the_totals_of_heads_and_mlps():
