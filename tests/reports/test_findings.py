@@ -2694,6 +2694,48 @@ def test_attribution_blames_bfloat16_only_for_a_miss_its_rounding_can_explain():
     assert "A likely reason: the run is in bfloat16, whose gradients carry 8 significant bits" in text
 
 
+def test_attribution_names_the_step_cap_where_doubling_the_steps_moved_the_miss():
+    """Review 17a B4, its bfloat16 ig table (StableLM, --quick): example 2 sums to 10.0718 for f(x) 8.5098, f(b)
+    -0.2969, Captum's delta 0.5679 at 16 steps and 1.2593 at 32, the cap. The old words blamed bfloat16 (the miss,
+    1.27, is 8.3 of its rounding steps, under 16), though float32 missed by 0.138x on the same example and converged
+    at 64 steps with the cap at 256. Doubling the steps moved the delta by 0.691 = 4.5 bfloat16 steps
+    (2^-7 x (8.5098 + 1 + 10.0718) = 0.153, by hand): the steps set it, so the finding names the cap and how to
+    raise it; a delta that doubling moves by rounding only keeps the precision as the likely reason."""
+    import pandas as pd
+
+    from headscope.analyses.attribution.convergence import ig_convergence
+
+    ig = pd.DataFrame({"example": [0, 1, 2, 3], "n_steps": [16, 32, 32, 8],
+                       "attribution_sum": [8.021571, 0.802731, 10.071774, 6.958617],
+                       "delta": [-0.336828, -0.041019, 1.259274, 0.263305],
+                       "delta_half": [0.875865, 0.362008, 0.567883, float("nan")],
+                       "metric_input": [8.72168, -0.15625, 8.509766, 5.695312],
+                       "metric_baseline": [0.359375, -1.03125, -0.296875, -1.0]})
+    conv = ig_convergence(ig, dtype="bfloat16", max_steps=32)
+    floor = 2.0 ** -7 * (8.509766 + 1 + 10.071774)
+    assert conv["ig_max_steps"] == 32 and conv["ig_worst"]["rounding_floor"] == pytest.approx(floor, rel=1e-6)
+    assert (conv["ig_worst"]["delta"], conv["ig_worst"]["delta_half"]) == (1.259274, 0.567883)
+    s = {"n_examples": 4, "metric": "logit_diff", "mean_tau_attention_gradient": 0.05, "std_tau_attention_gradient": 0.2,
+         "ig_max_steps_used": 32, **conv}
+    text = finding("attribution", s)
+    moved = (1.259274 - 0.567883) / floor
+    assert f"{moved:.1f}" == "4.5"
+    assert ("A likely reason: the step cap: doubling example 2's steps from 16 to 32 steps (the cap) moved its miss "
+            "(Captum's convergence delta) from +0.568 to +1.26, by 4.5 times one bfloat16 rounding step (0.15), so the "
+            "precision does not set it: a float32 run would miss too; the integral is not resolved at these steps, and "
+            "more may converge it: raise the cap (ig_max_steps, 32 here; --quick's, a run without --quick doubles up to "
+            "256; in Python hs.attribution(model, task, ig_max_steps=...)).") in text, text
+    assert "float32 run may converge" not in text and "the run is in bfloat16" not in text
+    f32 = finding("attribution", {**s, **ig_convergence(ig, dtype="float32", max_steps=256)})  # no precision, no 32 cap
+    assert ("A likely reason: too few steps: doubling example 2's steps from 16 to 32 steps moved its miss (Captum's "
+            "convergence delta) from +0.568 to +1.26; the integral is not resolved") in f32 and "--quick" not in f32
+    # the delta moved by one rounding step (under MOVED_STEPS = 2) and the miss is 8.3 steps: the precision may set it
+    still = ig.assign(delta_half=[0.875865, 0.362008, 1.259274 - floor, float("nan")])
+    text = finding("attribution", {**s, **ig_convergence(still, dtype="bfloat16", max_steps=32)})
+    assert ("A likely reason: the run is in bfloat16, whose gradients carry 8 significant bits, about 2 to 3 significant "
+            "digits (doubling its steps moved it by rounding only); a float32 run may converge.") in text
+
+
 @pytest.mark.parametrize("bad", [1, 2])
 def test_attribution_says_every_example_whose_integrated_gradients_missed_completeness(bad):
     """Review 7b, A3: 2 of 4 examples missed completeness (errors 0.156 and 0.255 at 32 steps), the summary said
