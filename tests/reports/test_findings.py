@@ -2846,29 +2846,44 @@ def test_moe_words_name_which_blocks_are_mixtures_of_experts():
 
 def test_mlp_finding_says_why_dense_neurons_rank_first_and_names_the_experts_by_their_routed_mean():
     """Review 16b B1: on Qwen3-MoE (dense layer 0, experts in 1-2) the "largest mean updates" could only be layer 0's:
-    an expert neuron's mean counts 0 on its unrouted examples. Constructed: layer 1 expert 1's neuron 17 writes
-    0.833 on the 2 of 16 examples routed to it (0.104 over all 16), more than the dense neurons shown."""
+    an expert neuron's mean counts 0 on its unrouted examples. Review 17v B1: the routed ranking named three neurons
+    of one expert routed on 2 of 16 examples, with no interval, and said dense neurons rank first "by construction"
+    (an expert routed on all 16 loses nothing). Now experts routed on fewer than 5 are not ranked (named instead), each
+    mean has its 95% t interval: layer 2 expert 5's neuron 52, 0.458 with sd 0.72 over 7 (the review's hand values):
+    t(0.975, 6) = 2.4469 x 0.72 / sqrt(7) = 0.666 -> [-0.208, 1.12]."""
+    from scipy import stats
+
+    lo, hi = stats.t.interval(0.95, 6, loc=0.458, scale=0.72 / 7 ** 0.5)
     moe = {"n_experts": 6, "expert_width": 64, "top_k": 2, "shared_width": 0}
     s = {"n_memories_per_layer": {"0": 192, "1": 384, "2": 384}, "experts_per_layer": {"1": moe, "2": moe},
-         "n_task_examples": 16,
+         "n_task_examples": 16, "routed_min": 5,
          "top_neurons": [{"layer": 0, "neuron": 135, "task_update_norm": 0.809},
                          {"layer": 0, "neuron": 57, "task_update_norm": 0.671}],
          "top_expert_neurons_routed": [
-             {"layer": 1, "neuron": 81, "expert": 1, "expert_neuron": 17, "task_update_norm_routed": 1.666 / 2,
-              "n_routed": 2},
-             {"layer": 2, "neuron": 330, "expert": 5, "expert_neuron": 10, "task_update_norm_routed": 3.206 / 7,
-              "n_routed": 7}]}
+             {"layer": 2, "neuron": 372, "expert": 5, "expert_neuron": 52, "task_update_norm_routed": 0.458,
+              "ci": [lo, hi], "n_routed": 7},
+             {"layer": 2, "neuron": 10, "expert": 0, "expert_neuron": 10, "task_update_norm_routed": 0.301,
+              "ci": [0.25, 0.352], "n_routed": 16}],
+         "experts_routed_too_few": [{"layer": 1, "expert": 1, "n_routed": 2}]}
+    text = finding("mlp", s)
     assert ("The largest mean updates ||m_i v_i|| at the answer are layer 0 neuron 135 (0.809, a dense MLP) and layer 0 "
             "neuron 57 (0.671, a dense MLP). These means count 0 for a routed expert's neuron on the examples not "
-            "routed to its expert, so a dense layer's neurons, which write on every example, rank above them by "
-            "construction; by the mean over its routed examples alone the largest are layer 1 expert 1's neuron 17 "
-            "(0.833, over the 2 of 16 examples routed to it) and layer 2 expert 5's neuron 10 (0.458, over the 7 of 16 "
-            "examples routed to it).") in finding("mlp", s)
+            "routed to its expert, so a dense layer's neurons, which write on every example, tend to rank above them; "
+            "by the mean over its routed examples alone among experts routed on at least 5 of 16 examples (not ranked, "
+            "routed on fewer: layer 1 expert 1 (2)) the largest are layer 2 expert 5's neuron 52 (0.458, 95% CI "
+            f"[{lo:.2f}, {hi:.2f}], over the 7 of 16 examples routed to it) and layer 2 expert 0's neuron 10 (0.301, "
+            "95% CI [0.25, 0.35], over the 16 of 16 examples routed to it).") in text, text
+    assert "by construction" not in text
+    assert f"[{lo:.2f}, {hi:.2f}]" == "[-0.21, 1.12]"
     everyone = {**s, "top_neurons": [{"layer": 1, "neuron": 81, "task_update_norm": 0.104, "expert": 1,
                                       "expert_neuron": 17, "n_routed": 2, "shared": False}]}
     assert "so the ranking mixes how strongly a neuron writes with how often its expert is chosen" in finding(
         "mlp", everyone)
-    assert "These means count 0" not in finding("mlp", {k: v for k, v in s.items() if k != "top_expert_neurons_routed"})
+    none = {**s, "top_expert_neurons_routed": []}
+    assert ("no expert is routed on enough examples to rank its neurons by their routed mean (not ranked, routed on "
+            "fewer: layer 1 expert 1 (2)).") in finding("mlp", none)
+    assert "These means count 0" not in finding("mlp", {k: v for k, v in s.items()
+                                                        if k not in ("top_expert_neurons_routed", "experts_routed_too_few")})
 
 
 def test_mlp_finding_names_top_experts_with_their_routing_and_bfloat16_margins():
