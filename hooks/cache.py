@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 
 from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError, UnsupportedModelError
-from headscope.hooks.residual import CacheHabits, _check_scale_shape, norm_weight, slice_axis
+from headscope.hooks.residual import CacheHabits, _check_scale_shape, mark_scaled, norm_weight, slice_axis
 from headscope.hooks.sites import ALIASES, SITES, _suggest, site
 from headscope.models.readout import NO_SUM, POST_LN, readout_gap
 
@@ -403,7 +403,8 @@ class Activations(CacheHabits, dict):
         the scale. A stack whose axes do not match the scale's after the slices is a ConfigError,
         never a silent broadcast. recompute_ln at the final layer runs the model's final norm on
         each component, bias included (the logit lens; tracking gradients only when the stack
-        does). Models without LayerNorm/RMSNorm get the stack back unchanged.
+        does). Models without LayerNorm/RMSNorm get the stack back unchanged. A scaled stack is marked
+        (residual.mark_scaled): logit_attrs, which scales by the final norm itself, refuses it and its views.
         """
         self._refuse_post_ln("apply_ln_to_stack", final_norm=self._stop(layer) == self.n_layers)
         stop, n = self._stop(layer), self.n_layers
@@ -416,7 +417,7 @@ class Activations(CacheHabits, dict):
             model = self._needs_model("The final norm of accumulated_resid(apply_ln=True)")
             ln_final, device = model.bridge.ln_final, model.device
             with torch.set_grad_enabled(torch.is_grad_enabled() and stack.requires_grad):  # detached in, detached out
-                return torch.stack([ln_final(c.to(device)).to(stack.device) for c in stack], dim=0)
+                return mark_scaled(torch.stack([ln_final(c.to(device)).to(stack.device) for c in stack], dim=0))
         key = ("scale", None, None) if stop == n else ("scale", stop, "ln2" if mlp_input else "ln1")
         try:
             scale = self[key]  # [batch, pos, 1]
@@ -430,4 +431,4 @@ class Activations(CacheHabits, dict):
         if norm in ("LN", "LNPre") and not (stop == n and self.meta.get("final_rms", False)):
             stack = stack - stack.mean(dim=-1, keepdim=True)
         stack = stack / scale
-        return stack if weight is None else stack * weight.to(device=stack.device, dtype=stack.dtype)
+        return mark_scaled(stack if weight is None else stack * weight.to(device=stack.device, dtype=stack.dtype))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import operator
 import warnings
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -64,6 +65,28 @@ def norm_weight(model, layer: int | None, mlp_input: bool = False) -> torch.Tens
         return None
     weight = weight.detach()
     return 1.0 + weight if getattr(bridge.cfg, "rmsnorm_uses_offset", False) else weight
+
+
+_SCALED: dict[int, weakref.ref] = {}  # id -> the tensors apply_ln_to_stack returned (scaled by a norm), while alive
+
+
+def mark_scaled(stack: torch.Tensor) -> torch.Tensor:
+    """`stack`, recorded as already scaled by a norm (apply_ln_to_stack's output; every apply_ln=True goes through
+    it): logit_attrs refuses it, since it applies the final norm itself (review 17b B3: the scaled stack of
+    decompose_resid(apply_ln=True) summed to 7.35 for a logit difference of 12.49, the norm applied twice)."""
+    key = id(stack)
+    _SCALED[key] = weakref.ref(stack, lambda _, key=key: _SCALED.pop(key, None))
+    return stack
+
+
+def is_scaled(stack: torch.Tensor) -> bool:
+    """Is `stack`, or the tensor it is a view of (an index or slice such as stack[:, :, -1]), one that
+    apply_ln_to_stack returned? Arithmetic on it makes a new tensor, which is not known."""
+    for t in (stack, stack._base):
+        ref = _SCALED.get(id(t)) if t is not None else None
+        if ref is not None and ref() is t:
+            return True
+    return False
 
 
 def _token_ids(model, tokens: Any) -> torch.Tensor:
@@ -127,8 +150,15 @@ class CacheHabits:
         (difference) exactly. With a wrong answer the numbers equal TransformerLens's on a folded
         model (compatibility mode); for a single answer its center_unembed reads W_U[:, a] minus
         the vocabulary mean of W_U instead.
+
+        Pass the unscaled stack: a stack that apply_ln_to_stack (or apply_ln=True) already scaled, or a view of
+        it, is a ConfigError, since the norm would be applied twice (TransformerLens gives wrong numbers silently).
         """
         self._refuse_post_ln("logit_attrs", final_norm=True)
+        if is_scaled(residual_stack):
+            raise ConfigError("logit_attrs applies the final norm itself, and this stack was already scaled by a norm "
+                              "(apply_ln=True or apply_ln_to_stack): the norm would be applied twice. Pass the "
+                              "unscaled stack, e.g. cache.decompose_resid(pos_slice=-1) without apply_ln=True.")
         model = self._needs_model("logit_attrs")
         ids = _token_ids(model, tokens)
         directions = model.tokens_to_residual_directions(ids)  # [*ids.shape, d_model]

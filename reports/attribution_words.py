@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from headscope.analyses.attribution.convergence import ROUNDING_STEPS, IgUse, ig_rounding_floor, ig_use
+from headscope.analyses.attribution.convergence import ROUNDING_STEPS, IgUse, doubling_trend, ig_rounding_floor, ig_use
 from headscope.analyses.core import chance
 from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, and_join, ci_pair, int_span, t_interval, wilson
 from headscope.reports.heads_words import mask_read_words
@@ -210,10 +210,14 @@ def _likely_reason(s: Mapping[str, Any]) -> str:
     """Why IG may miss completeness: top-k routing (ig_top_k_routing) where the model has it, its discontinuity
     being a reason no precision or step count removes (review 11c A4: a float32 run of a Qwen2-MoE missed by the
     same 0.18x as its bfloat16 run, its top-2 router switching 19-60 times along each path); else a half
-    precision (_low_precision); else ''."""
+    precision (_low_precision); where doubling the steps moved the worst miss by more than rounding, the step count
+    in any dtype (_step_cap; review 17a B4: a bfloat16 miss of 0.145x blamed on the precision, float32's 0.138x on
+    the same example); else ''."""
     routing = s.get("ig_top_k_routing")
     if not isinstance(routing, Mapping):
-        return _low_precision(s)
+        worst = s.get("ig_worst") if isinstance(s.get("ig_worst"), Mapping) else {}
+        trend = doubling_trend(dict(worst))
+        return _step_cap(s, worst) if trend == "moved" else _low_precision(s, still=trend == "still")
     layers = [int(x) for x in routing.get("layers") or []]
     k = routing.get("top_k")
     where = (f" in layer{'s' if len(layers) > 1 else ''} {and_join([str(x) for x in layers])}" if layers else "")
@@ -223,12 +227,36 @@ def _likely_reason(s: Mapping[str, Any]) -> str:
             "jumps, so completeness need not hold at any number of steps or in any precision.")
 
 
-def _low_precision(s: Mapping[str, Any]) -> str:
+DEFAULT_MAX_STEPS = 256  # AttributionConfig's ig_max_steps (--quick: 32)
+
+
+def _step_cap(s: Mapping[str, Any], worst: Mapping[str, Any]) -> str:
+    """' A likely reason: the step cap: ...' where doubling the worst example's steps moved its convergence delta by
+    more than rounding (convergence.doubling_trend "moved"): the integral is not resolved at those steps, in any
+    precision; with the cap and how to raise it."""
+    steps, cap, floor = _num(worst.get("n_steps")), _num(s.get("ig_max_steps")), _num(worst.get("rounding_floor"))
+    now, before = float(worst["delta"]), float(worst["delta_half"])
+    ex, dtype = worst.get("example", "?"), s.get("ig_dtype")
+    at = f"from {int(steps) // 2} to {int(steps)} steps" if steps is not None else "its steps"
+    capped = cap is not None and steps is not None and 2 * steps > cap
+    rounding = (f", by {abs(now - before) / floor:.1f} times one {dtype} rounding step ({floor:.2g}), so the precision "
+                "does not set it: a float32 run would miss too" if dtype in LOW_PRECISION and floor else "")
+    raise_it = ("raise the cap (ig_max_steps" + (f", {int(cap)} here" if cap is not None else "")
+                + (f"; --quick's, a run without --quick doubles up to {DEFAULT_MAX_STEPS}"
+                   if cap is not None and cap < DEFAULT_MAX_STEPS else "")
+                + "; in Python hs.attribution(model, task, ig_max_steps=...))")
+    return (f" A likely reason: {'the step cap' if capped else 'too few steps'}: doubling example {ex}'s steps {at}"
+            f"{' (the cap)' if capped else ''} moved its miss (Captum's convergence delta) from {before:+.3g} to "
+            f"{now:+.3g}{rounding}; the integral is not resolved at these steps, and more may converge it: {raise_it}.")
+
+
+def _low_precision(s: Mapping[str, Any], *, still: bool = False) -> str:
     """' A likely reason: the run is in bfloat16, whose gradients carry ...; a float32 run may converge.' where IG
     ran in a half precision (ig_dtype; review 8: its misses were not put down to the precision) and the worst miss
     is of the size its rounding can explain (within ROUNDING_STEPS of convergence.ig_rounding_floor); a larger miss
     is not the precision's (review 12b A6: bfloat16 missed by 24.3x where float32 missed by 44.6x on the same
-    example), so then the reason that holds in float32 too is said; '' in float32."""
+    example), so then the reason that holds in float32 too is said; '' in float32. Called only where doubling the
+    steps did not move the miss beyond rounding (`still`: said) or the summary does not record whether it did."""
     dtype = s.get("ig_dtype")
     if dtype not in LOW_PRECISION:
         return ""
@@ -239,13 +267,14 @@ def _low_precision(s: Mapping[str, Any]) -> str:
         floor = ig_rounding_floor(dtype, total, _num(worst.get("metric_input")), _num(worst.get("metric_baseline")),
                                   change)
     miss = abs(total - change) if total is not None and change is not None else None
+    flat = " (doubling its steps moved it by rounding only)" if still else ""
     if miss is None or floor is None or miss <= ROUNDING_STEPS * floor:
-        return (f" A likely reason: the run is in {dtype}, whose gradients carry {LOW_PRECISION[dtype]}; a float32 run "
-                "may converge.")
-    return (f" Not {dtype}'s rounding: the worst miss, {miss:.3g}, is {miss / floor:.0f} times one {dtype} rounding "
-            f"step of the endpoint metrics and the attributions ({floor:.2g}; rounding explains up to {ROUNDING_STEPS}), "
-            "so a float32 run would miss too: too few steps for a path through sharp changes (softmax saturating "
-            "along it); more steps or another baseline are needed.")
+        return (f" A likely reason: the run is in {dtype}, whose gradients carry {LOW_PRECISION[dtype]}{flat}; a "
+                "float32 run may converge.")
+    return (f" Not {dtype}'s rounding: the worst miss, {miss:.3g}{flat}, is {miss / floor:.0f} times one {dtype} "
+            f"rounding step of the endpoint metrics and the attributions ({floor:.2g}; rounding explains up to "
+            f"{ROUNDING_STEPS}), so a float32 run would miss too: too few steps for a path through sharp changes "
+            "(softmax saturating along it); more steps or another baseline are needed.")
 
 
 def _output_tests(s: Mapping[str, Any]) -> list[str]:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from headscope.analyses.circuits.analysis import NOT_WRITERS
 from headscope.reports.findings import _at_chance, _below, _chance, _ci, _num, _pct, ci_pair, wilson
 from headscope.reports.moe_words import mlp_components_sentence, top_expert_sentence
 
@@ -46,7 +47,7 @@ def _writers(s: Mapping[str, Any], top: Mapping[str, float], final: float | None
         return (a, b) in pairs and pairs[a, b].get("tied") is True and _num(pairs[a, b].get("difference")) is not None
 
     names, signs = [k for k, _ in items], {k: (1.0 if v >= 0 else -1.0) for k, v in items}
-    of = _ties_beyond(s, names[-1]) + of
+    of = _ties_beyond(s, names[-1]) + of + _reaches_zero(s, names[-1])
     head = (f"Direct logit attribution (mean and 95% t interval over {n} examples)"
             if any(_interval(intervals.get(k)) for k in names)
             else f"Direct logit attribution (mean over {n} example(s), too few for an interval)")
@@ -97,19 +98,38 @@ def _of_total(s: Mapping[str, Any], final: float | None) -> str:
 KIND_WORDS = {"head": "heads", "mlp": "MLPs"}  # plural names of writer kinds; others say "components"
 
 
+def _reaches_zero(s: Mapping[str, Any], last: str) -> str:
+    """' L0H4's 95% interval reaches 0: it is not singled out from writing nothing.' where the last named writer's
+    interval (dla_top_intervals) holds 0, else '' (review 17a B3)."""
+    intervals = s.get("dla_top_intervals")
+    ci = _interval(intervals.get(last)) if isinstance(intervals, Mapping) else None
+    return (f" {last}'s 95% interval reaches 0: it is not singled out from writing nothing."
+            if ci is not None and ci[0] <= 0.0 <= ci[1] else "")
+
+
 def _ties_beyond(s: Mapping[str, Any], last: str) -> str:
     """', tied with N other heads within its interval (A +x, B +y, ...)' when writers beyond the named
-    three have means inside the last named writer's interval (dla_last_named_ties), else ''."""
+    three have means inside the last named writer's interval (dla_last_named_ties), else ''; ', whose 95% interval
+    reaches 0: ...' where it does, since every writer near 0 then lies in it (review 17a B3). The remainder and the
+    final norm's and unembedding's biases are not writers: never counted (older summaries listed them)."""
     ties = s.get("dla_last_named_ties")
-    if not isinstance(ties, Mapping) or ties.get("component") != last or not ties.get("within"):
+    if not isinstance(ties, Mapping) or ties.get("component") != last:
         return ""
-    within, kinds = list(ties["within"]), set(ties.get("kinds") or [])
-    means = list(ties.get("means") or [])
-    means = means if len(means) == len(within) else [None] * len(within)
+    intervals = s.get("dla_top_intervals")
+    ci = _interval(intervals.get(last)) if isinstance(intervals, Mapping) else None
+    if ties.get("reaches_zero") or (ci is not None and ci[0] <= 0.0 <= ci[1]):
+        return ""  # _reaches_zero says so instead
+    rows = list(zip(ties.get("within") or [], ties.get("kinds") or [], ties.get("means") or []))
+    if len(rows) != len(ties.get("within") or []):  # kinds or means not recorded: names alone
+        rows = [(c, None, None) for c in ties.get("within") or []]
+    rows = [r for r in rows if r[1] not in NOT_WRITERS and r[0] not in NOT_WRITERS]
+    if not rows:
+        return ""
+    within, kinds_in, means = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+    kinds = {k for k in kinds_in if k is not None}
     word = KIND_WORDS.get(next(iter(kinds)), "components") if len(kinds) == 1 else "components"
     word = word if len(within) > 1 else word[:-1]
-    kinds_in = list(ties.get("kinds") or [])
-    if len(kinds) > 1 and len(kinds_in) == len(within):  # mixed: say how many of each kind
+    if len(kinds) > 1 and None not in kinds_in:  # mixed: say how many of each kind
         counts = {k: kinds_in.count(k) for k in dict.fromkeys(kinds_in)}
         word += " (" + ", ".join(f"{c} {KIND_WORDS.get(k, k) if c > 1 else KIND_WORDS.get(k, k + 's')[:-1]}"
                                  for k, c in counts.items()) + ")"

@@ -17,7 +17,8 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.analyses.core import chance
-from headscope.reports.findings import _chance, _num, _pct, and_join, wilson
+from headscope.analyses.mlp.analysis import MIN_ROUTED
+from headscope.reports.findings import _chance, _ci, _num, _pct, and_join, ci_pair, wilson
 from headscope.reports.moe_words import sigmoid_routing_words
 from headscope.reports.plots import axes, fit_title, label, laid_out, mute_drawn, quiet_reason
 from headscope.reports.render import escape
@@ -329,8 +330,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                        "neuron is one expert's (L layer E expert n neuron) and its update is 0 on the examples not "
                        "routed to its expert, so its mean mixes how strongly it writes with how often its expert is "
                        "chosen: each label says on how many examples it was routed, and a dense layer's neurons (L "
-                       "layer dense n neuron), on every example, rank above experts' by construction (the finding names "
-                       "the largest expert neurons by their mean over their routed examples). On a dense model a "
+                       "layer dense n neuron), on every example, tend to rank above experts' (the finding names "
+                       "the largest expert neurons by their mean over their routed examples, with its interval, for "
+                       f"experts routed on at least {MIN_ROUTED} examples). On a dense model a "
                        "label is L<layer>.N<neuron>, e.g. L1.N79. On a post-norm model (Gemma 2/3, "
                        "OLMo 2) v_i is taken through the post-MLP norm's gain, its shared scale left out.",
 }
@@ -619,19 +621,33 @@ def _named_experts(s: Mapping[str, Any]) -> str:
 
 def routed_words(s: Mapping[str, Any], top: list[Mapping[str, Any]], of: str) -> str:
     """Why routed experts' neurons rank as they do (their means count 0 on the examples not routed to their expert,
-    so a dense layer's neurons, on every example, rank first by construction) and the largest by the mean over
-    the routed examples, each with that n (top_expert_neurons_routed; review 16b B1); "" where not recorded."""
+    so a dense layer's neurons, on every example, tend to rank first: not by construction, an expert routed on every
+    example loses nothing) and the largest by the mean over the routed examples, each with its 95% interval and n,
+    among experts routed on at least routed_min examples, naming those left out (top_expert_neurons_routed,
+    experts_routed_too_few; reviews 16b B1, 17v B1); "" where not recorded."""
     best = [t for t in s.get("top_expert_neurons_routed") or [] if isinstance(t, Mapping)]
-    if not best:
+    few = [t for t in s.get("experts_routed_too_few") or [] if isinstance(t, Mapping)]
+    if not best and not few:
         return ""
     dense = any("expert" not in t for t in top)
-    why = ("so a dense layer's neurons, which write on every example, rank above them by construction" if dense else
+    why = ("so a dense layer's neurons, which write on every example, tend to rank above them" if dense else
            "so the ranking mixes how strongly a neuron writes with how often its expert is chosen")
-    said = [f"layer {t['layer']} expert {t['expert']}'s neuron {t['expert_neuron']} ({t['task_update_norm_routed']:.3g}, "
-            f"over the {t['n_routed']}{of} examples routed to it)" for t in best]
+    said = [f"layer {t['layer']} expert {t['expert']}'s neuron {t['expert_neuron']} ({t['task_update_norm_routed']:.3g}"
+            f"{_ci(ci_pair(t.get('ci')))}, over the {t['n_routed']}{of} examples routed to it)" for t in best]
+    least = _num(s.get("routed_min"))
+    among = f" among experts routed on at least {least:.0f}{of} examples" if least is not None else ""
+    left = ""
+    if few:
+        names = [f"layer {t['layer']} expert {t['expert']} ({t['n_routed']})" for t in few]
+        shown = and_join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        left = f" (not ranked, routed on fewer: {shown})"
+    if not best:
+        return (f" These means count 0 for a routed expert's neuron on the examples not routed to its expert, {why}; "
+                f"no expert is routed on enough examples to rank its neurons by their routed mean{left}.")
+    one = len({(t["layer"], t["expert"]) for t in best}) == 1 and len(best) > 1
     return (f" These means count 0 for a routed expert's neuron on the examples not routed to its expert, {why}; by "
-            f"the mean over its routed examples alone the largest {'is' if len(said) == 1 else 'are'} "
-            f"{and_join(said)}.")
+            f"the mean over its routed examples alone{among}{left} the largest {'is' if len(said) == 1 else 'are'} "
+            f"{and_join(said)}{', all of one expert' if one else ''}.")
 
 
 def routing_words(s: Mapping[str, Any]) -> str:

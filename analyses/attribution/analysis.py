@@ -192,7 +192,8 @@ def attribution(
         [row for part in gathered for row in part[i]] for i in range(7))
     df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
     ig_table = pd.DataFrame(ig_rows)
-    convergence = ig_convergence(ig_table, dtype=str(model.dtype).removeprefix("torch."), routing=top_k_routing(model))
+    convergence = ig_convergence(ig_table, dtype=str(model.dtype).removeprefix("torch."), routing=top_k_routing(model),
+                                 max_steps=max(cfg.n_steps, cfg.ig_max_steps))
     tables = {
         "scores": pd.concat(score_rows, ignore_index=True),
         "tau_methods": pd.DataFrame(pairs),
@@ -321,7 +322,7 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
     windows = layer_windows(model)
     per_head, roll = am.attention_scores(model, tokens, at)  # [g, layer, head, pos], [g, pos]
     grads = am.gradient_scores(model, tokens, forward, args)
-    ig, delta, steps = am.integrated_gradients(
+    ig, delta, steps, delta_half = am.integrated_gradients(
         model, tokens, ig_baselines(tokens, baseline, at), forward, args,
         n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
         internal_batch_size=setup.grad_rows)
@@ -376,6 +377,7 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         })
         ig_rows.append({
             "example": ex, "n_steps": int(steps[j]), "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
+            "delta_half": float(delta_half[j]),  # at n_steps / 2 (NaN: none ran): did doubling still shrink the miss
             "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
             "relative_error": completeness_error(float(ig[j].sum()), float(f_x[j]), float(f_b[j])),
         })

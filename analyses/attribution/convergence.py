@@ -24,6 +24,7 @@ import pandas as pd
 IG_CONVERGED_ERROR = 0.1  # relative completeness error over which an example's IG has not converged
 MIN_CONVERGED = 2  # fewer converged examples than this give no interval: IG is left out
 ROUNDING_STEPS = 16  # a completeness miss up to this many rounding steps (half of bfloat16's 8 bits) may be rounding
+MOVED_STEPS = 2  # a miss that moves by more than this many rounding steps when the steps double is set by the steps
 IG_METHOD = "integrated_gradients"
 
 
@@ -59,7 +60,23 @@ def ig_rule(n: int, n_converged: int) -> str:
     return "converged" if n_converged >= MIN_CONVERGED and 2 * n_converged >= n else "none"
 
 
-def ig_convergence(ig: pd.DataFrame, dtype: str | None = None, routing: dict[str, Any] | None = None) -> dict[str, Any]:
+def doubling_trend(worst: dict[str, Any]) -> str | None:
+    """"moved" where doubling the worst example's steps moved its convergence delta by more than MOVED_STEPS rounding
+    steps (ig_worst's rounding_floor, 0 where no dtype was recorded): the step count sets the miss, the integral is
+    not resolved at those steps, and no precision changes that; "still" where it moved less (rounding may then
+    explain a small miss); None where no earlier count ran or the summary predates the record (ig_worst's delta and
+    delta_half). Review 17a B4: a bfloat16 miss of 0.145x blamed on the precision, where float32 missed by 0.138x
+    on the same example; its delta went from 0.57 at 16 steps to 1.26 at 32, 4.5 bfloat16 steps (0.15)."""
+    now, before = worst.get("delta"), worst.get("delta_half")
+    if not all(isinstance(x, (int, float)) and np.isfinite(x) for x in (now, before)):
+        return None
+    floor = worst.get("rounding_floor")
+    floor = float(floor) if isinstance(floor, (int, float)) and np.isfinite(floor) else 0.0
+    return "moved" if abs(now - before) > MOVED_STEPS * floor else "still"
+
+
+def ig_convergence(ig: pd.DataFrame, dtype: str | None = None, routing: dict[str, Any] | None = None,
+                   max_steps: int | None = None) -> dict[str, Any]:
     """IG's convergence over examples from the ig table (example, attribution_sum, metric_input, metric_baseline):
     how many examples exceed IG_CONVERGED_ERROR (an undefined error counts as exceeding), whether every example
     converged (ig_converged), the rule's verdict (ig_used) with the examples it keeps (ig_examples_used), the
@@ -68,8 +85,10 @@ def ig_convergence(ig: pd.DataFrame, dtype: str | None = None, routing: dict[str
     on a model with top-k routing, its MoE layers and k (ig_top_k_routing, {"layers": [0, 2], "top_k": 2}: the
     router's choice is piecewise constant along IG's path, whose integral of gradients cannot see its jumps, so
     completeness can fail at any precision; review 11c A4, a float32 run missed by the same 0.18x as bfloat16).
-    ig_worst also holds its endpoints and its rounding_floor
-    (ig_rounding_floor in the run's dtype): the words blame the precision only for a miss within ROUNDING_STEPS of it."""
+    ig_worst also holds its endpoints, its rounding_floor (ig_rounding_floor in the run's dtype), its steps and
+    Captum's delta at those steps and at half of them (doubling_trend); ig_max_steps the cap the steps doubled up to
+    (max_steps). The words blame the precision only for a miss within ROUNDING_STEPS of the floor that doubling the
+    steps did not move, and name the step cap where it did."""
     change = ig.metric_input - ig.metric_baseline
     rel = pd.Series([completeness_error(a, x, b) for a, x, b in
                      zip(ig.attribution_sum, ig.metric_input, ig.metric_baseline)], index=ig.index, dtype=float)
@@ -85,12 +104,18 @@ def ig_convergence(ig: pd.DataFrame, dtype: str | None = None, routing: dict[str
         out["ig_dtype"] = dtype
     if routing is not None:
         out["ig_top_k_routing"] = routing
+    if max_steps is not None:
+        out["ig_max_steps"] = int(max_steps)
     if rel.notna().any():
         worst = rel.idxmax()
         out["ig_worst"] = {"example": int(ig.example[worst]), "attribution_sum": float(ig.attribution_sum[worst]),
                            "metric_change": float(change[worst]), "relative_error": float(rel[worst]),
                            "metric_input": float(ig.metric_input[worst]),
                            "metric_baseline": float(ig.metric_baseline[worst])}
+        for key, column in (("n_steps", "n_steps"), ("delta", "delta"), ("delta_half", "delta_half")):
+            if column in ig and np.isfinite(float(ig[column][worst])):
+                value = ig[column][worst]
+                out["ig_worst"][key] = int(value) if key == "n_steps" else float(value)
         floor = ig_rounding_floor(dtype, float(ig.attribution_sum[worst]), float(ig.metric_input[worst]),
                                   float(ig.metric_baseline[worst]))
         if floor is not None:  # review 12b A6: whether the dtype's rounding can explain the worst miss

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 
@@ -254,6 +255,17 @@ def gradient_scores(model, tokens: torch.Tensor, forward: Forward, targets: Sequ
     return {"saliency": grad.detach().norm(dim=-1), "grad_x_input": gxi.detach().sum(-1).abs()}
 
 
+class IgResult(NamedTuple):
+    """integrated_gradients' answer: attributions [batch, pos], Captum's convergence delta [batch], the steps used
+    [batch] and the delta at half those steps [batch] (NaN where the example stopped at its first count): whether
+    doubling the steps still shrank the miss, i.e. whether the step cap or something steps cannot fix stopped it."""
+
+    attributions: torch.Tensor
+    delta: torch.Tensor
+    steps: torch.Tensor
+    delta_half: torch.Tensor
+
+
 def integrated_gradients(
     model,
     tokens: torch.Tensor,
@@ -265,7 +277,7 @@ def integrated_gradients(
     max_steps: int | None = None,
     tolerance: float = 0.05,
     internal_batch_size: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> IgResult:
     """Integrated gradients on the token embeddings (Captum LayerIntegratedGradients).
 
     baselines: [batch, pos] token ids whose embeddings start the path. With max_steps above
@@ -275,7 +287,8 @@ def integrated_gradients(
     coarse where the path crosses sharp softmax transitions (the zoo model needs ~128 Gauss-Legendre
     steps for 1%), and checking the delta is Captum's own advice. Returns (attributions [batch, pos],
     the sum over d_model, signed; Captum's convergence delta [batch] = sum(attributions) -
-    (metric(tokens) - metric(baselines)); the steps used [batch]). internal_batch_size: (example,
+    (metric(tokens) - metric(baselines)); the steps used [batch]; the delta at half those steps [batch], NaN
+    where none ran: IgResult). internal_batch_size: (example,
     step) rows per forward and backward pass (Captum's; None: every example's steps at once; at
     least twice the examples), so 256 steps of long prompts stay within memory.
     """
@@ -289,10 +302,11 @@ def integrated_gradients(
 
 def _integrated_gradients(lig, tokens: torch.Tensor, baselines: torch.Tensor, targets: Sequence[torch.Tensor], *,
                           n_steps: int, max_steps: int | None, tolerance: float,
-                          internal_batch_size: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          internal_batch_size: int | None) -> IgResult:
     """integrated_gradients' step doubling with a LayerIntegratedGradients on the hooked embedding site."""
     attr_out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)  # [batch, pos]
     delta_out = torch.zeros(tokens.shape[0], dtype=torch.float32, device=tokens.device)  # [batch]
+    before = torch.full((tokens.shape[0],), float("nan"), device=tokens.device)  # [batch] delta at half the steps
     used = torch.full((tokens.shape[0],), n_steps, dtype=torch.long)  # [batch]
     todo = torch.arange(tokens.shape[0], device=tokens.device)  # [rows] examples not yet converged
     steps = n_steps
@@ -303,11 +317,13 @@ def _integrated_gradients(lig, tokens: torch.Tensor, baselines: torch.Tensor, ta
             internal_batch_size=None if internal_batch_size is None else max(internal_batch_size, 2 * len(todo)),
         )  # [rows, pos, d_model], [rows]
         attr, delta = attr.detach().sum(-1).float(), delta.detach().float()
+        if steps > n_steps:
+            before[todo] = delta_out[todo]
         attr_out[todo], delta_out[todo], used[todo.cpu()] = attr, delta, steps
         change = (attr.sum(-1) - delta).abs()  # [rows]: |metric(x) - metric(baseline)|
         converged = delta.abs() <= tolerance * change  # [rows]
         if max_steps is None or steps * 2 > max_steps or bool(converged.all()):
-            return attr_out, delta_out, used
+            return IgResult(attr_out, delta_out, used, before)
         todo, steps = todo[~converged], steps * 2
 
 

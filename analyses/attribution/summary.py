@@ -33,7 +33,8 @@ adversarial_metric_change (the same at the adversarial attention);
 ig_max_abs_delta, ig_max_relative_delta and ig_max_steps_used (IG convergence); ig_converged (every example's
 completeness error |sum attributions - (f(x) - f(baseline))| / |f(x) - f(baseline)|, the ig table's relative_error,
 is within ig_error_tolerance 0.1), ig_n_converged, ig_n_not_converged, ig_median_relative_error and ig_worst (its
-example, sum and change), ig_dtype (the precision its gradients ran in); ig_used and ig_examples_used
+example, sum and change, steps and Captum's delta at them and at half of them), ig_max_steps (the cap the steps doubled
+up to), ig_dtype (the precision its gradients ran in); ig_used and ig_examples_used
 (convergence.py's rule: IG on every example, on the converged
 ones only, or on none; every IG key above (taus, rollout_vs_raw's ig, fraction_significant, mean_tau_ig_loo) and the
 tau_summary, tau_by_layer and tau_by_head tables hold only those examples; the per-example tables keep every row);

@@ -374,16 +374,22 @@ def _total(dla: pd.DataFrame, kind: str) -> dict | None:
             "ci": chance.mean_interval(x), "n": int(len(x)), "count": int(rows.component.nunique())}
 
 
+NOT_WRITERS = ("remainder", "ln_final_bias", "unembed_bias")  # DLA rows that no block writes: never tied with a writer
+
+
 def within_interval(ranked: pd.DataFrame, intervals: dict, named: list[str]) -> dict | None:
     """The writers beyond the named ones whose mean lies inside the last named writer's 95% interval:
-    {"component": the last named, "within": [their names, largest |mean| first], "kinds", "means": theirs}
-    (None without an interval). A ranking that stops at the last named writer would hide them."""
+    {"component": the last named, "within": [their names, largest |mean| first], "kinds", "means": theirs,
+    "reaches_zero": the interval holds 0} (None without an interval). A ranking that stops at the last named writer
+    would hide them. The remainder (rounding) and the final norm's and unembedding's biases are not writers, so never
+    listed; where the interval reaches 0 the finding says that instead of a list of every near-zero writer (review
+    17a B3: "tied with 23 components (..., 1 ln_final_bias, 1 remainder)")."""
     if not named or (intervals.get(named[-1]) or {}).get("ci") is None:
         return None
     lo, hi = intervals[named[-1]]["ci"]
-    rest = ranked[~ranked.component.isin(named) & ranked.contribution.between(lo, hi)]
+    rest = ranked[~ranked.component.isin(named) & ranked.contribution.between(lo, hi) & ~ranked.kind.isin(NOT_WRITERS)]
     return {"component": named[-1], "within": list(rest.component), "kinds": list(rest.kind),
-            "means": [float(v) for v in rest.contribution]}
+            "means": [float(v) for v in rest.contribution], "reaches_zero": bool(lo <= 0.0 <= hi)}
 
 
 RECONSTRUCTION_STEPS = 4  # float32 rounding steps (of reconstruction_size) the decomposition's own arithmetic may miss by

@@ -242,9 +242,10 @@ def row_metric(logits: torch.Tensor, pos: torch.Tensor, answers: torch.Tensor, w
     logit alone when there is no wrong answer). logits [rows, pos, vocab]."""
     rows = torch.arange(logits.shape[0], device=logits.device)
     last = logits[rows, pos.to(logits.device)]  # [rows, vocab]
-    value = last[rows, answers.to(logits.device)]
+    wide = torch.promote_types(last.dtype, torch.float32)  # metrics.logit_diff's float32 subtraction (review 17a B1)
+    value = last[rows, answers.to(logits.device)].to(wide)
     if wrong is not None:
-        value = value - last[rows, wrong.to(logits.device)]
+        value = value - last[rows, wrong.to(logits.device)].to(wide)
     return value
 
 

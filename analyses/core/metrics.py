@@ -1,6 +1,7 @@
 """Metrics: map a forward pass to one number per example.
 
-Decoders: the logit difference between the correct and the wrong answer at the last position,
+Decoders: the logit difference between the correct and the wrong answer at the last position (subtracted in float32
+at least, whatever the model's dtype),
 its normalised form (LD_patched - LD_corrupt) / (LD_clean - LD_corrupt), the answer's
 log-probability, or accuracy. Answers of several tokens (Task.continuation, [batch, k]) are
 scored over the last k positions: the log-probability of the whole continuation (the sum of each
@@ -61,12 +62,16 @@ def noise_floor(dtype: torch.dtype, size: float | torch.Tensor) -> float | torch
 
 
 def logit_diff(logits: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
-    """[batch, pos, vocab] -> [batch]: logit(answer) - logit(wrong) at the last position (one-token answers)."""
+    """[batch, pos, vocab] -> [batch]: logit(answer) - logit(wrong) at the last position (one-token answers),
+    subtracted in at least float32: a bfloat16 subtraction rounds the difference to 8 bits again (review 17a B1:
+    logits 8.9375 and 0.2158 gave 8.75 for 8.7217), a rounding the heads' null ablations and patching's self-patch
+    floor cannot see (identical logits round identically), and circuits' metric never had."""
     if answers.ndim != 1:
         raise ConfigError("logit difference compares two next-token logits; answers of several tokens are "
                           "scored with 'logprob' or 'accuracy'.")
     last = logits[:, -1]  # [batch, vocab]
-    return last.gather(1, answers[:, None]).squeeze(1) - last.gather(1, wrong[:, None]).squeeze(1)
+    wide = torch.promote_types(last.dtype, torch.float32)
+    return last.gather(1, answers[:, None]).squeeze(1).to(wide) - last.gather(1, wrong[:, None]).squeeze(1).to(wide)
 
 
 def _read(logits: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -131,10 +131,28 @@ class Result:
         return self.summary.get(key, (self.config or {}).get(key))
 
     def __repr__(self) -> str:
-        heads = ", ".join(f"{k}={v!r}" for k, v in [(k, v) for k, v in self.summary.items()
-                                                    if k not in ("model", "task")][:6])
+        """The first six summary entries; where a flag of REPR_UNMEASURED is set, the flag stands in place of the keys
+        it says are not measurements (review 17b B2: a probes repr gave best_control=1.0 above best_accuracy=0.975
+        with no word that its control task is degenerate)."""
+        flags = [f for f in REPR_UNMEASURED if self.summary.get(f)]
+        hidden = {k: f for f in flags for k in REPR_UNMEASURED[f]}
+        items: list[tuple[str, Any]] = []
+        for k, v in self.summary.items():
+            if k in ("model", "task") or k in flags:
+                continue
+            if k in hidden:
+                flag = (hidden[k], self.summary[hidden[k]])
+                items += [flag] if flag not in items else []
+                continue
+            items.append((k, v))
+        heads = ", ".join(f"{k}={v!r}" for k, v in items[:6])
         return (f"Result({self.name!r}, model={self.source('model')!r}, task={self.source('task')!r}, "
                 f"{len(self.df)} rows; {heads})")
+
+
+# summary flag -> the keys it says are not measurements, which a repr leaves out for the flag (probes: a control task
+# the probe learns as a constant gives a control accuracy of 1 and no selectivity)
+REPR_UNMEASURED = {"control_degenerate": ("best_control", "best_selectivity")}
 
 
 def with_source(result: Any, model: Any, task: Any = None) -> Any:

@@ -337,11 +337,22 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
                 routed[:, e] = (m[:, experts == e] != 0).any(1)
             per.insert(4, "n_routed", routed.sum(0)[experts].numpy())
             # the mean over the examples routed to the neuron's expert only (NaN where none was): how strongly it
-            # writes when chosen (review 16b B1: the mean over all examples ranks a dense layer first by construction)
-            on = routed[:, experts].float()  # [batch, d_mlp] 1 where the neuron's expert was chosen
-            per["task_update_norm_routed"] = ((norms * on).sum(0) / on.sum(0)).numpy()  # 0/0: NaN
+            # writes when chosen (review 16b B1: the mean over all examples tends to rank a dense layer first)
+            mean_on, sd_on = routed_mean_sd(norms, routed[:, experts])  # [d_mlp] each
+            per["task_update_norm_routed"] = mean_on.numpy()
+            per["task_update_norm_routed_sd"] = sd_on.numpy()
         neuron_rows.append(per)
     return _whole(pd.DataFrame(top_rows)), _whole(pd.concat(neuron_rows, ignore_index=True))
+
+
+def routed_mean_sd(norms: torch.Tensor, on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """norms [batch, d_mlp], on [batch, d_mlp] bool (the neuron's expert chosen on the example) -> (mean [d_mlp],
+    sample sd (ddof 1) [d_mlp]) over the examples `on` marks: NaN mean where none, NaN sd under two."""
+    w = on.to(norms.dtype)
+    n = w.sum(0)  # [d_mlp]
+    mean = (norms * w).sum(0) / n  # 0/0: NaN
+    var = (((norms - mean) ** 2) * w).sum(0) / (n - 1)
+    return mean, torch.where(n >= 2, var.clamp_min(0).sqrt(), torch.full_like(var, float("nan")))
 
 
 def _whole(table: pd.DataFrame) -> pd.DataFrame:
@@ -525,6 +536,8 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         # the routed experts' neurons with the largest mean update over the examples routed to their expert, with that
         # n (review 16b B1: the ranking above counts their unrouted examples' zeros); [] without routed experts
         "top_expert_neurons_routed": _routed_top(df, experts),
+        "routed_min": MIN_ROUTED,  # experts routed on fewer task examples are not ranked by their routed mean
+        "experts_routed_too_few": _too_few(df, experts),
         "mixture_of_experts": bool(experts),
         **routing_margins(model, task, layers, acts=answer_acts),
         # mixture-of-experts layers: {layer: {n_experts, expert_width, top_k, shared_width}} (their memories)
@@ -535,17 +548,46 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
                   config={**asdict(config), "task": task.name})
 
 
-def _routed_top(df: pd.DataFrame, experts: Mapping[str, Any], n: int = 3) -> list[dict[str, Any]]:
-    """The `n` routed (not shared) expert neurons with the largest task_update_norm_routed, each with its layer,
-    expert, neuron within it, that mean and n_routed; [] for a dense model."""
-    if "task_update_norm_routed" not in df:
-        return []
+MIN_ROUTED = 5  # routed task examples an expert needs before its neurons' routed means are ranked (review 17v B1)
+
+
+def _routed(df: pd.DataFrame, experts: Mapping[str, Any]) -> pd.DataFrame:
+    """The rows of routed (not shared) experts' neurons with a routed mean."""
     shared = [(int(l), e["n_experts"]) for l, e in experts.items() if e.get("shared_width")]
     rows = df[df.expert.notna() & df.task_update_norm_routed.notna()]
-    rows = rows[[(int(l), int(e)) not in shared for l, e in zip(rows.layer, rows.expert)]]
-    return [{"layer": int(r.layer), "neuron": int(r.neuron), "expert": int(r.expert),
-             "expert_neuron": int(r.expert_neuron), "task_update_norm_routed": float(r.task_update_norm_routed),
-             "n_routed": int(r.n_routed)} for r in rows.nlargest(n, "task_update_norm_routed").itertuples()]
+    return rows[[(int(l), int(e)) not in shared for l, e in zip(rows.layer, rows.expert)]]
+
+
+def _routed_top(df: pd.DataFrame, experts: Mapping[str, Any], n: int = 3) -> list[dict[str, Any]]:
+    """The `n` routed (not shared) expert neurons with the largest task_update_norm_routed among experts routed on
+    at least MIN_ROUTED task examples, each with its layer, expert, neuron within it, that mean, its 95% t interval
+    over the routed examples (ci) and n_routed; [] for a dense model. Review 17v B1: the three largest were one
+    expert's, routed on 2 of 16 examples, ranked against means over 13 and 16 with no interval."""
+    if "task_update_norm_routed" not in df:  # a dense model
+        return []
+    rows = _routed(df, experts)
+    rows = rows[rows.n_routed >= MIN_ROUTED]
+    out = []
+    for r in rows.nlargest(n, "task_update_norm_routed").itertuples():
+        sd = getattr(r, "task_update_norm_routed_sd", float("nan"))
+        half = float(chance.t_half_width(float(sd), int(r.n_routed)))
+        out.append({"layer": int(r.layer), "neuron": int(r.neuron), "expert": int(r.expert),
+                    "expert_neuron": int(r.expert_neuron), "task_update_norm_routed": float(r.task_update_norm_routed),
+                    "ci": None if half != half else [float(r.task_update_norm_routed) - half,
+                                                     float(r.task_update_norm_routed) + half],
+                    "n_routed": int(r.n_routed)})
+    return out
+
+
+def _too_few(df: pd.DataFrame, experts: Mapping[str, Any]) -> list[dict[str, int]]:
+    """The routed experts chosen on some task examples but fewer than MIN_ROUTED: {layer, expert, n_routed}, layer
+    then expert order (their neurons' routed means are not ranked)."""
+    if "task_update_norm_routed" not in df:  # a dense model
+        return []
+    rows = _routed(df, experts)
+    few = rows[(rows.n_routed > 0) & (rows.n_routed < MIN_ROUTED)].drop_duplicates(["layer", "expert"])
+    return [{"layer": int(r.layer), "expert": int(r.expert), "n_routed": int(r.n_routed)}
+            for r in few.sort_values(["layer", "expert"]).itertuples()]
 
 
 def _named(row, experts: Mapping[str, Any]) -> dict[str, Any]:

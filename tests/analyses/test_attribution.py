@@ -1199,8 +1199,8 @@ def test_granite_gradients_are_taken_where_the_residual_stream_starts(tiny_grani
     assert torch.allclose(got["grad_x_input"], (grad * emb).sum(-1).abs(), rtol=1e-4, atol=1e-7)
     baselines = task.tokens.clone()
     baselines[:, 1:-1] = 1
-    ig, delta, _ = am.integrated_gradients(model, task.tokens, baselines, forward, (task.answers, task.wrong_answers),
-                                           n_steps=4)
+    ig, delta, _, _ = am.integrated_gradients(model, task.tokens, baselines, forward, (task.answers, task.wrong_answers),
+                                              n_steps=4)
     fx, fb = _hf_ig_ends(hf, task)
     assert np.allclose((ig.sum(-1) - delta).numpy(), fx - fb, atol=1e-4)
     assert model.n_active_hooks() == 0 and model.hook_free()  # the no-op hook is gone afterwards

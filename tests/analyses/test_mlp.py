@@ -286,9 +286,12 @@ def test_dense_and_expert_layers_are_analysed_together(mixed_moe):
     want = moe.task_update_norm[ok] * 6 / moe.n_routed[ok].astype(float)
     assert (moe.task_update_norm_routed[ok] - want).abs().max() <= 1e-6 * want.max()
     assert moe.task_update_norm_routed[~ok].isna().all()
-    best = moe[(moe.expert < 4) & ok].nlargest(3, "task_update_norm_routed")
+    # review 17v B1: only experts routed on at least MIN_ROUTED examples are ranked; the others are named
+    best = moe[(moe.expert < 4) & (moe.n_routed >= mlp.MIN_ROUTED)].nlargest(3, "task_update_norm_routed")
     assert [(t["expert"], t["expert_neuron"], t["n_routed"]) for t in s["top_expert_neurons_routed"]] == list(
         zip(best.expert, best.expert_neuron, best.n_routed))
+    assert s["experts_routed_too_few"] == [{"layer": 1, "expert": e, "n_routed": n} for e, n in sorted(routed.items())
+                                           if e < 4 and 0 < n < mlp.MIN_ROUTED]
     from headscope.reports.findings import finding
     from headscope.reports.plots_mlp import figures, neuron_labels
 
@@ -311,6 +314,40 @@ def test_dense_and_expert_layers_are_analysed_together(mixed_moe):
     labels = neuron_labels(top, 6, {1: 4})
     assert all(label == f"L0 dense n{n}" for label, layer, n in zip(labels, top.layer, top.neuron) if layer == 0)
     assert set(figures(result)) == {"mlp_agreement", "mlp_top_neurons"}
+
+
+def test_routed_means_carry_their_t_interval_and_rank_only_experts_routed_enough():
+    """Review 17v B1: the routed mean of each neuron over the examples its expert was chosen on, its sample sd and
+    95% t interval, against numpy and scipy per column; an expert routed on fewer than MIN_ROUTED examples is not
+    ranked (its 2-example mean 9.0 is the largest), but listed."""
+    import numpy as np
+    from scipy import stats
+
+    g = torch.Generator().manual_seed(7)
+    norms = torch.rand(16, 6, generator=g, dtype=torch.float64)  # [batch, neuron]
+    expert = torch.tensor([0, 0, 1, 1, 2, 2])
+    chosen = torch.zeros(16, 3, dtype=torch.bool)
+    chosen[:, 0] = True  # routed on every example
+    chosen[:7, 1] = True  # on 7
+    chosen[[3, 9], 2] = True  # on 2
+    norms[[3, 9], 4] = 9.0
+    on = chosen[:, expert]  # [batch, neuron]
+    mean, sd = mlp.routed_mean_sd(norms, on)
+    for j in range(6):
+        x = norms[on[:, j], j].numpy()
+        assert mean[j].item() == pytest.approx(x.mean()) and sd[j].item() == pytest.approx(x.std(ddof=1))
+    df = pd.DataFrame({"layer": 1, "neuron": range(6), "expert": expert.numpy(), "expert_neuron": [0, 1] * 3,
+                       "n_routed": on.sum(0).numpy(), "task_update_norm_routed": mean.numpy(),
+                       "task_update_norm_routed_sd": sd.numpy()})
+    layout = {"1": {"n_experts": 3, "expert_width": 2, "top_k": 1, "shared_width": 0}}
+    top = mlp._routed_top(df, layout)
+    want = [j for j in np.argsort(-mean.numpy(), kind="stable") if on[:, j].sum() >= mlp.MIN_ROUTED][:3]
+    assert [t["neuron"] for t in top] == want and 4 not in want
+    for t in top:
+        x = norms[on[:, t["neuron"]], t["neuron"]].numpy()
+        lo, hi = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=x.std(ddof=1) / len(x) ** 0.5)
+        assert t["ci"] == pytest.approx([lo, hi]) and t["n_routed"] == len(x)
+    assert mlp._too_few(df, layout) == [{"layer": 1, "expert": 2, "n_routed": 2}]
 
 
 def test_bfloat16_routing_margins_at_the_answer_are_counted_in_rounding_steps(mixed_moe_dir):

@@ -87,6 +87,10 @@ def test_a_control_task_of_one_word_type_leaves_selectivity_undefined(tiny_model
     assert s["best_selectivity"] is None and s["first_selective_layer"] is None
     assert s["selectivity_per_layer"] == {"0": None, "1": None} and got.tables["per_layer"].selectivity.isna().all()
     assert "same word type" in s["control_degenerate"] and s["best_control"] == 1.0  # a constant is learnt
+    # review 17b B2: the repr shows why the control is no measurement, not best_control=1.0 above the probe
+    shown = repr(got)
+    assert f"best_accuracy={s['best_accuracy']!r}, control_degenerate={s['control_degenerate']!r}" in shown
+    assert "best_control" not in shown and "best_selectivity" not in shown
     sentence = probes_finding(s)
     assert "Selectivity cannot be measured on this task: every example's token" in sentence
     assert "memorises" not in sentence and "selectivity 0.5" not in sentence
@@ -96,9 +100,10 @@ def test_a_control_task_of_one_word_type_leaves_selectivity_undefined(tiny_model
     varied = tokens.clone()
     varied[:, -1] = torch.arange(24) % 6 + 7  # six word types at the read position
     assert len(set(varied[:, -1].tolist())) == 6
-    other = probes.probe_sweep(model, Task(name="varied_end", tokens=varied, answers=answers), labels="answer",
-                               layers=[0, 1], cv=3).summary
-    assert other["control_degenerate"] is None
+    measured = probes.probe_sweep(model, Task(name="varied_end", tokens=varied, answers=answers), labels="answer",
+                                  layers=[0, 1], cv=3)
+    other = measured.summary
+    assert other["control_degenerate"] is None and f"best_control={other['best_control']!r}" in repr(measured)
     assert other["best_selectivity"] == pytest.approx(other["best_accuracy"] - other["best_control"])
     two = tokens.clone()
     two[:, -1] = torch.tensor([7, 8] * 12)  # review 13b A1: two word types at the read position, three classes

@@ -128,6 +128,27 @@ def test_a_position_sliced_stack_never_broadcasts_silently(runs):
         acts.logit_attrs(plain[:, :, -1], answers[:2], wrong[:2], pos_slice=-1)
 
 
+def test_logit_attrs_refuses_a_stack_the_norm_already_scaled(runs):
+    """Review 17b B3: logit_attrs on decompose_resid(apply_ln=True) applied the final norm twice (7.352 for a logit
+    difference of 12.494 on the Falcon; TransformerLens does the same silently). Every apply_ln output, and a view of
+    one, is refused; the unscaled stack still sums to the model's own logit difference (incl_bias)."""
+    _, _, answers, wrong, output, acts, _ = runs["gpt2"]
+    with torch.no_grad():
+        full = acts.decompose_resid(apply_ln=True)  # [components, batch, pos, d_model]
+        scaled = [acts.decompose_resid(apply_ln=True, pos_slice=-1), full[:, :, -1],
+                  acts.apply_ln_to_stack(acts.decompose_resid(pos_slice=-1), pos_slice=-1),
+                  acts.stack_head_results(apply_ln=True, pos_slice=-1), acts.accumulated_resid(apply_ln=True, pos_slice=-1)]
+        for stack in scaled:
+            with pytest.raises(ConfigError, match="already scaled by a norm"):
+                acts.logit_attrs(stack, answers, wrong, pos_slice=-1)
+        with pytest.raises(ConfigError, match="already scaled by a norm"):
+            acts.logit_attrs(full, answers, wrong)
+        attrs = acts.logit_attrs(acts.decompose_resid(pos_slice=-1), answers, wrong, pos_slice=-1, incl_bias=True)
+    last = output[:, -1]
+    true = last.gather(1, answers[:, None])[:, 0] - last.gather(1, wrong[:, None])[:, 0]  # [batch]
+    assert (attrs.sum(0) - true).abs().max().item() <= TOL
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_full_decomposition_stack_activation_and_remove_batch_dim_match_transformer_lens(family, runs, biased_dirs):
     model, prompt, _, _, _, acts, _ = runs[family]

@@ -2339,7 +2339,10 @@ def test_dla_components_zero_by_construction_are_neither_ranked_nor_tied():
             "remainder": ("remainder", [9e-8, -5e-8, 1e-7, 0.0]), "b_U": ("unembed_bias", [0.0] * 4)}
     s = _dla_summary(rows)
     assert s["dla_last_named_ties"]["within"] == ["L0H3"]
-    assert "tied with 1 other head within its interval (L0H3 +0.78)" in finding("circuits", s)
+    # review 17a B3: L1H0's interval reaches 0, so every writer near 0 is inside it: that is said, not a tie list
+    text = finding("circuits", s)
+    assert "L1H0's 95% interval reaches 0: it is not singled out from writing nothing." in text
+    assert "tied with" not in text
     assert not {"attn_bias0", "attn_bias1", "remainder", "b_U"} & set(s["dla_top_components"])
     biased = _dla_summary({**rows, "attn_bias1": ("attn_bias", [0.05] * 4)})
     assert biased["dla_last_named_ties"]["within"] == ["L0H3", "attn_bias1"]
@@ -2359,13 +2362,34 @@ def test_dla_zero_floor_follows_the_runs_dtype():
             "remainder": ("remainder", [-1.5e-4, 1e-4, 0.0, -1e-4])}
     low = _dla_summary(rows, torch.bfloat16)
     assert low["dla_zero_components"] == ["attn_bias0", "attn_bias1", "remainder"]
-    assert "tied with 1 other head within its interval (L0H3 +0.78)" in finding("circuits", low)
+    assert low["dla_last_named_ties"]["within"] == ["L0H3"]  # L1H0's interval reaches 0: said so (review 17a B3)
     f32 = _dla_summary(rows)  # float32: these rows are over its floor, the old behaviour in every dtype
     assert f32["dla_zero_components"] == [] and f32["dla_last_named_ties"]["within"][0] == "L0H3"
-    assert len(f32["dla_last_named_ties"]["within"]) == 4
+    assert f32["dla_last_named_ties"]["within"] == ["L0H3", "attn_bias1", "attn_bias0"]  # never the remainder
     biased = _dla_summary({**rows, "attn_bias1": ("attn_bias", [0.05] * 4)}, torch.bfloat16)  # a real bias stays
     assert biased["dla_zero_components"] == ["attn_bias0", "remainder"]
     assert biased["dla_last_named_ties"]["within"] == ["L0H3", "attn_bias1"]
+
+
+def test_dla_ties_never_count_the_remainder_or_the_final_norms_bias():
+    """Review 17a B3: "L0H4 (+0.61, 95% CI [-0.21, 1.43]), tied with 23 components (15 heads, 3 MLPs, 3 attn_bias,
+    1 ln_final_bias, 1 remainder)". The remainder (what the writers do not sum to) and the final norm's bias are not
+    writers. By hand as below: L1H0 [1, 0.6, 1, 0.6] -> [0.43, 1.17] holds L0H3 (+0.78), a remainder of 0.8 and an
+    ln_final_bias of 0.7; only L0H3 is tied. The review's own summary (written before) lists them; the words drop
+    them, and where the last named writer's interval reaches 0 they say that instead of a list."""
+    s = _dla_summary({"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
+                      "L1H0": ("head", [1, 0.6, 1, 0.6]), "L0H3": ("head", [0.78] * 4),
+                      "remainder": ("remainder", [0.8] * 4), "ln_final_bias": ("ln_final_bias", [0.7] * 4)})
+    ties = s["dla_last_named_ties"]
+    assert ties["within"] == ["L0H3"] and ties["reaches_zero"] is False
+    assert "tied with 1 other head within its interval (L0H3 +0.78) of a final" in finding("circuits", s)
+    old = {**s, "dla_last_named_ties": {"component": "L1H0", "within": ["remainder", "L0H3", "ln_final_bias"],
+                                        "kinds": ["remainder", "head", "ln_final_bias"], "means": [0.8, 0.78, 0.7]}}
+    assert "tied with 1 other head within its interval (L0H3 +0.78) of a final" in finding("circuits", old)
+    review = {**s, "dla_top_intervals": {**s["dla_top_intervals"], "L1H0": {
+        "ci": [-0.2107, 1.4280], "mean": 0.6087, "n": 16, "sd": 1.5377}}}
+    text = finding("circuits", review)
+    assert "L1H0's 95% interval reaches 0: it is not singled out from writing nothing." in text and "tied with" not in text
 
 
 def test_dla_third_writer_says_who_is_tied_with_it_and_the_totals_of_heads_and_mlps():
@@ -2670,6 +2694,48 @@ def test_attribution_blames_bfloat16_only_for_a_miss_its_rounding_can_explain():
     assert "A likely reason: the run is in bfloat16, whose gradients carry 8 significant bits" in text
 
 
+def test_attribution_names_the_step_cap_where_doubling_the_steps_moved_the_miss():
+    """Review 17a B4, its bfloat16 ig table (StableLM, --quick): example 2 sums to 10.0718 for f(x) 8.5098, f(b)
+    -0.2969, Captum's delta 0.5679 at 16 steps and 1.2593 at 32, the cap. The old words blamed bfloat16 (the miss,
+    1.27, is 8.3 of its rounding steps, under 16), though float32 missed by 0.138x on the same example and converged
+    at 64 steps with the cap at 256. Doubling the steps moved the delta by 0.691 = 4.5 bfloat16 steps
+    (2^-7 x (8.5098 + 1 + 10.0718) = 0.153, by hand): the steps set it, so the finding names the cap and how to
+    raise it; a delta that doubling moves by rounding only keeps the precision as the likely reason."""
+    import pandas as pd
+
+    from headscope.analyses.attribution.convergence import ig_convergence
+
+    ig = pd.DataFrame({"example": [0, 1, 2, 3], "n_steps": [16, 32, 32, 8],
+                       "attribution_sum": [8.021571, 0.802731, 10.071774, 6.958617],
+                       "delta": [-0.336828, -0.041019, 1.259274, 0.263305],
+                       "delta_half": [0.875865, 0.362008, 0.567883, float("nan")],
+                       "metric_input": [8.72168, -0.15625, 8.509766, 5.695312],
+                       "metric_baseline": [0.359375, -1.03125, -0.296875, -1.0]})
+    conv = ig_convergence(ig, dtype="bfloat16", max_steps=32)
+    floor = 2.0 ** -7 * (8.509766 + 1 + 10.071774)
+    assert conv["ig_max_steps"] == 32 and conv["ig_worst"]["rounding_floor"] == pytest.approx(floor, rel=1e-6)
+    assert (conv["ig_worst"]["delta"], conv["ig_worst"]["delta_half"]) == (1.259274, 0.567883)
+    s = {"n_examples": 4, "metric": "logit_diff", "mean_tau_attention_gradient": 0.05, "std_tau_attention_gradient": 0.2,
+         "ig_max_steps_used": 32, **conv}
+    text = finding("attribution", s)
+    moved = (1.259274 - 0.567883) / floor
+    assert f"{moved:.1f}" == "4.5"
+    assert ("A likely reason: the step cap: doubling example 2's steps from 16 to 32 steps (the cap) moved its miss "
+            "(Captum's convergence delta) from +0.568 to +1.26, by 4.5 times one bfloat16 rounding step (0.15), so the "
+            "precision does not set it: a float32 run would miss too; the integral is not resolved at these steps, and "
+            "more may converge it: raise the cap (ig_max_steps, 32 here; --quick's, a run without --quick doubles up to "
+            "256; in Python hs.attribution(model, task, ig_max_steps=...)).") in text, text
+    assert "float32 run may converge" not in text and "the run is in bfloat16" not in text
+    f32 = finding("attribution", {**s, **ig_convergence(ig, dtype="float32", max_steps=256)})  # no precision, no 32 cap
+    assert ("A likely reason: too few steps: doubling example 2's steps from 16 to 32 steps moved its miss (Captum's "
+            "convergence delta) from +0.568 to +1.26; the integral is not resolved") in f32 and "--quick" not in f32
+    # the delta moved by one rounding step (under MOVED_STEPS = 2) and the miss is 8.3 steps: the precision may set it
+    still = ig.assign(delta_half=[0.875865, 0.362008, 1.259274 - floor, float("nan")])
+    text = finding("attribution", {**s, **ig_convergence(still, dtype="bfloat16", max_steps=32)})
+    assert ("A likely reason: the run is in bfloat16, whose gradients carry 8 significant bits, about 2 to 3 significant "
+            "digits (doubling its steps moved it by rounding only); a float32 run may converge.") in text
+
+
 @pytest.mark.parametrize("bad", [1, 2])
 def test_attribution_says_every_example_whose_integrated_gradients_missed_completeness(bad):
     """Review 7b, A3: 2 of 4 examples missed completeness (errors 0.156 and 0.255 at 32 steps), the summary said
@@ -2780,29 +2846,44 @@ def test_moe_words_name_which_blocks_are_mixtures_of_experts():
 
 def test_mlp_finding_says_why_dense_neurons_rank_first_and_names_the_experts_by_their_routed_mean():
     """Review 16b B1: on Qwen3-MoE (dense layer 0, experts in 1-2) the "largest mean updates" could only be layer 0's:
-    an expert neuron's mean counts 0 on its unrouted examples. Constructed: layer 1 expert 1's neuron 17 writes
-    0.833 on the 2 of 16 examples routed to it (0.104 over all 16), more than the dense neurons shown."""
+    an expert neuron's mean counts 0 on its unrouted examples. Review 17v B1: the routed ranking named three neurons
+    of one expert routed on 2 of 16 examples, with no interval, and said dense neurons rank first "by construction"
+    (an expert routed on all 16 loses nothing). Now experts routed on fewer than 5 are not ranked (named instead), each
+    mean has its 95% t interval: layer 2 expert 5's neuron 52, 0.458 with sd 0.72 over 7 (the review's hand values):
+    t(0.975, 6) = 2.4469 x 0.72 / sqrt(7) = 0.666 -> [-0.208, 1.12]."""
+    from scipy import stats
+
+    lo, hi = stats.t.interval(0.95, 6, loc=0.458, scale=0.72 / 7 ** 0.5)
     moe = {"n_experts": 6, "expert_width": 64, "top_k": 2, "shared_width": 0}
     s = {"n_memories_per_layer": {"0": 192, "1": 384, "2": 384}, "experts_per_layer": {"1": moe, "2": moe},
-         "n_task_examples": 16,
+         "n_task_examples": 16, "routed_min": 5,
          "top_neurons": [{"layer": 0, "neuron": 135, "task_update_norm": 0.809},
                          {"layer": 0, "neuron": 57, "task_update_norm": 0.671}],
          "top_expert_neurons_routed": [
-             {"layer": 1, "neuron": 81, "expert": 1, "expert_neuron": 17, "task_update_norm_routed": 1.666 / 2,
-              "n_routed": 2},
-             {"layer": 2, "neuron": 330, "expert": 5, "expert_neuron": 10, "task_update_norm_routed": 3.206 / 7,
-              "n_routed": 7}]}
+             {"layer": 2, "neuron": 372, "expert": 5, "expert_neuron": 52, "task_update_norm_routed": 0.458,
+              "ci": [lo, hi], "n_routed": 7},
+             {"layer": 2, "neuron": 10, "expert": 0, "expert_neuron": 10, "task_update_norm_routed": 0.301,
+              "ci": [0.25, 0.352], "n_routed": 16}],
+         "experts_routed_too_few": [{"layer": 1, "expert": 1, "n_routed": 2}]}
+    text = finding("mlp", s)
     assert ("The largest mean updates ||m_i v_i|| at the answer are layer 0 neuron 135 (0.809, a dense MLP) and layer 0 "
             "neuron 57 (0.671, a dense MLP). These means count 0 for a routed expert's neuron on the examples not "
-            "routed to its expert, so a dense layer's neurons, which write on every example, rank above them by "
-            "construction; by the mean over its routed examples alone the largest are layer 1 expert 1's neuron 17 "
-            "(0.833, over the 2 of 16 examples routed to it) and layer 2 expert 5's neuron 10 (0.458, over the 7 of 16 "
-            "examples routed to it).") in finding("mlp", s)
+            "routed to its expert, so a dense layer's neurons, which write on every example, tend to rank above them; "
+            "by the mean over its routed examples alone among experts routed on at least 5 of 16 examples (not ranked, "
+            "routed on fewer: layer 1 expert 1 (2)) the largest are layer 2 expert 5's neuron 52 (0.458, 95% CI "
+            f"[{lo:.2f}, {hi:.2f}], over the 7 of 16 examples routed to it) and layer 2 expert 0's neuron 10 (0.301, "
+            "95% CI [0.25, 0.35], over the 16 of 16 examples routed to it).") in text, text
+    assert "by construction" not in text
+    assert f"[{lo:.2f}, {hi:.2f}]" == "[-0.21, 1.12]"
     everyone = {**s, "top_neurons": [{"layer": 1, "neuron": 81, "task_update_norm": 0.104, "expert": 1,
                                       "expert_neuron": 17, "n_routed": 2, "shared": False}]}
     assert "so the ranking mixes how strongly a neuron writes with how often its expert is chosen" in finding(
         "mlp", everyone)
-    assert "These means count 0" not in finding("mlp", {k: v for k, v in s.items() if k != "top_expert_neurons_routed"})
+    none = {**s, "top_expert_neurons_routed": []}
+    assert ("no expert is routed on enough examples to rank its neurons by their routed mean (not ranked, routed on "
+            "fewer: layer 1 expert 1 (2)).") in finding("mlp", none)
+    assert "These means count 0" not in finding("mlp", {k: v for k, v in s.items()
+                                                        if k not in ("top_expert_neurons_routed", "experts_routed_too_few")})
 
 
 def test_mlp_finding_names_top_experts_with_their_routing_and_bfloat16_margins():
