@@ -367,6 +367,8 @@ MEASURED_ROUNDING = {("heads", "unpruned"): "noise_floor"}  # (analysis, word of
 def feeding_settings(name: str, label: str) -> frozenset[str] | None:
     """The settings of analysis `name` that the number compare labels `label` depends on (review 16cv B3: a saliency
     tau does not use the permutations); None where not known here: every setting counts."""
+    if name == "heads" and "unpruned" in label:  # review 17d B2: the unpruned metric uses no L0 or pruning setting
+        return frozenset()
     if name != "attribution":
         return None
     if "permutation" in label:

@@ -306,3 +306,37 @@ def test_mlp_between_layer_flip_on_a_dtype_pair_is_rounding_and_marginal_is_said
                     "rounding difference, not sampling noise: one model on the same examples, run in two dtypes (A "
                     "float32, B bfloat16), so the verdict moved with bfloat16's rounding, a test near its threshold on "
                     "either side of it)."), note
+
+
+def test_settings_that_do_not_feed_the_unpruned_metric_or_an_r_leave_them_rounding(tmp_path):
+    """Review 17d B2: B's budget cut pruning.n_random 2 -> 1, which the unpruned metric does not use: its gap on the
+    same rows is bfloat16's rounding alone, no settings caveat. B3: the attribution-vs-exact r at head_out of one model
+    in two dtypes over the same 24 cells was judged by Fisher intervals ("within noise"), the sampling of another set
+    of examples; it is rounding as every other number of the pair."""
+    fp32, bf16, _ = _folders(tmp_path)
+    heads = {"metric": "logit_diff", "n_examples": 4, "chance": {"mean": 0.0, "ci": [-0.1, 0.1]}}
+    corr = {"head_out": {"n": 24, "n_nonzero": 19, "n_within_rounding": 0, "pearson": 0.758, "slope": 0.5,
+                         "slope_ci": [0.4, 0.6], "slope_n": 24}}
+    runs = {}
+    for side, folder, dtype, value, r, budget in (("a", fp32, "float32", 2.9183, 0.758, {}),
+                                                  ("b", bf16, "bfloat16", 2.921875, 0.769,
+                                                   {"budget": {"changed": {"pruning.n_random": [2, 1]}}})):
+        root = tmp_path / side
+        _run(root, folder, dtype, TAU)
+        io.write_json(root / "heads" / "summary.json", {**heads, "baseline_metric": value, **budget})
+        patching = {"metric": "logit_diff", "n_examples": 4,
+                    "attribution_correlation": {"head_out": {**corr["head_out"], "pearson": r}}}
+        io.write_json(root / "patching" / "summary.json", patching)
+        for name in ("heads", "patching"):
+            io.write_json(root / name / "task.json", {"task": "fill", "source": "your task (fill.csv)", "n_examples": 4,
+                                                      "rows": [0, 2, 5, 7], "sample": {"prompt": "Ann has a <mask> hat."}})
+        manifest = io.read_json(root / "manifest.json")
+        manifest["config"]["analyses"] = ["attribution", "heads", "patching"]
+        io.write_json(root / "manifest.json", manifest)
+        runs[side] = Run(root)
+    notes = headline_notes(runs["a"], runs["b"])
+    [unpruned] = [n for n in notes if "unpruned" in n]
+    assert "settings differ" not in unpruned and "(a rounding difference, not sampling noise" in unpruned, unpruned
+    [r] = [n for n in notes if "Pearson r at head_out" in n]
+    assert "Fisher" not in r and "within noise" not in r, r
+    assert "(a rounding difference, not sampling noise: one model on the same examples" in r, r
