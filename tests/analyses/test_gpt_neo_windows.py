@@ -174,3 +174,16 @@ def test_attn_scores_site_says_it_holds_the_weights_on_a_delegating_bridge(neo, 
     assert scores_hold_weights(model) and not scores_hold_weights(arch_models("gpt2"))
     assert "equal to pattern" in describe_site("scores", None, scores_hold_weights=True)[1]
     assert describe_site("scores")[1] == "scaled, masked attention scores"
+
+
+def test_report_header_names_the_local_layers_from_the_manifest(tmp_path):
+    """17d C2: the report header (from the manifest's attention_windows) says which layers are local, exactly."""
+    from headscope.reports import io
+    from headscope.reports.html_report import write_report_files
+
+    io.write_json(tmp_path / "manifest.json", {"config": {}, "model": {"name": "m"}})
+    model = {"name": "m", "family": "GPTNeoForCausalLM", "n_layers": 4, "n_heads": 6, "d_model": 96,
+             "attention_windows": {"1": 8, "3": 8}}
+    write_report_files(tmp_path, [], {}, model)
+    assert ("<p>GPTNeoForCausalLM, 4 layers x 6 heads, d_model 96, layers 1, 3 attend over a sliding window of 8 keys "
+            "(the others globally).") in (tmp_path / "report.html").read_text()
