@@ -369,6 +369,8 @@ def feeding_settings(name: str, label: str) -> frozenset[str] | None:
     tau does not use the permutations); None where not known here: every setting counts."""
     if name == "heads" and "unpruned" in label:  # review 17d B2: the unpruned metric uses no L0 or pruning setting
         return frozenset()
+    if name == "patching" and "Pearson r at " in label:  # 17d B3: a site's r reads its own cells, not path patching
+        return frozenset()  # or the other sites patched (a site one run left out has no r to compare)
     if name != "attribution":
         return None
     if "permutation" in label:
