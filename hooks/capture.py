@@ -11,6 +11,7 @@ and patterns requested alone are recomputed on demand where the model allows (ho
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -71,7 +72,20 @@ def capture(
         raise ConfigError("capture needs at least one site name, e.g. site('resid_post', 0).")
     for name in names:
         check_site(model, name)
+    _warn_scores(model, names)
     return _run(model, tokens, names, positions, to_cpu, attention_mask, grad)
+
+
+def _warn_scores(model, names: Sequence[str]) -> None:
+    """A warning where a scores site is asked by name on a model whose hook_attn_scores holds the softmax weights
+    (hooks.edits.scores_hold_weights; review 17d A3: GPT-Neo's, OPT's): the values are the pattern's."""
+    if any(str(n).endswith("attn.hook_attn_scores") for n in names):
+        from headscope.hooks.edits import scores_hold_weights
+        from headscope.hooks.sites import SCORES_AS_WEIGHTS
+
+        if scores_hold_weights(model):
+            warnings.warn(f"hook_attn_scores of {model.facts.architecture}: {SCORES_AS_WEIGHTS}.", UserWarning,
+                          stacklevel=3)
 
 
 def run_with_cache(
@@ -112,6 +126,7 @@ def run_with_cache(
         for name in wanted:
             if name not in scales:
                 check_site(model, name)
+        _warn_scores(model, wanted)
     if not wanted:
         raise ConfigError("run_with_cache: names selected no site; see headscope.available_sites(model).")
     acts = _run(model, tokens, wanted, positions, to_cpu, attention_mask, False, site_positions)

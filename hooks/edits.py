@@ -70,6 +70,31 @@ def edits_discarded(model, kind: str = "scores") -> str | None:
             f"edits to attention {what}")
 
 
+_SCORES_ARE_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> bool
+
+
+@torch.no_grad()
+def scores_hold_weights(model) -> bool:
+    """Whether the bridge's hook_attn_scores holds the softmax weights, not the scores (review 17d A3): the plain
+    AttentionBridge (GPT-Neo, OPT, GPT-J, ...) fires it on the weights the Hugging Face module returns, which has
+    no scores to give. Found once per bridge: on four tokens, layer 0's hook_attn_scores equals its hook_pattern."""
+    if getattr(model, "bridge", None) is None or getattr(model, "facts", None) is None or model.facts.n_layers < 1:
+        return False
+    if model.bridge not in _SCORES_ARE_WEIGHTS:
+        got: dict[str, torch.Tensor] = {}
+
+        def keep(kind: str):
+            def hook(x: torch.Tensor, hook) -> None:
+                got[kind] = x.detach().clone()
+            return hook
+
+        tokens = torch.arange(4, device=model.device)[None] % model.facts.d_vocab  # [1, 4]
+        with model.hooks(fwd=[(site(kind, 0), keep(kind)) for kind in KINDS]):
+            model(tokens)
+        _SCORES_ARE_WEIGHTS[model.bridge] = len(got) == 2 and torch.equal(got["scores"], got["pattern"])
+    return _SCORES_ARE_WEIGHTS[model.bridge]
+
+
 def require_edits(model, what: str, kind: str = "scores") -> None:
     """Raise UnsupportedModelError in one line when `kind` edits are discarded: `what` cannot run."""
     why = edits_discarded(model, kind)

@@ -72,10 +72,17 @@ SITES: dict[str, SiteKind] = {
                                doc="the experts each token chose (router's top k)", flat=True),
 }
 
-def describe_site(kind: str, mla: dict | None = None) -> tuple[str, str]:
+SCORES_AS_WEIGHTS = ("on this model the attention weights after softmax, equal to pattern: TransformerLens hands "
+                     "attention to the Hugging Face module, which returns weights, not scores")
+
+
+def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool = False) -> tuple[str, str]:
     """(shape, doc) of a site kind for the sites table; on multi-head latent attention (ModelFacts.mla) the
     q/k/v/rot sites' true widths and what the cache holds (HF's DeepseekV3Attention caches the normed latent and
-    the one roped key, and expands per-head K/V from them; review 16v C2)."""
+    the one roped key, and expands per-head K/V from them; review 16v C2). scores_hold_weights
+    (hooks.edits.scores_hold_weights): the scores site holds the softmax weights there (review 17d A3)."""
+    if kind == "scores" and scores_hold_weights:
+        return SITES[kind].shape, SCORES_AS_WEIGHTS
     if not mla or kind not in ("q", "k", "v", "rot_q", "rot_k"):
         return SITES[kind].shape, SITES[kind].doc
     qk, rope, v, latent = mla["d_head_qk"], mla["d_head_rope"], mla["d_head_v"], mla["kv_lora_rank"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -433,6 +433,17 @@ class HookedModel(TLHabits):
             return f"mlp=({next(iter(kinds))})"
         return "mlp=(" + "; ".join(f"{named(ls)}: {what}" for what, ls in kinds.items()) + ")"
 
+    def _window_repr(self) -> str:
+        """"sliding_window=8 on layers 1,3, " (every layer: "sliding_window=4096, "); '' without sliding layers."""
+        found = {i: w for i, w in enumerate(layer_windows(self)) if w is not None}
+        if not found:
+            return ""
+        if len(set(found.values())) > 1:
+            return "sliding_window=(" + ", ".join(f"layer {i}: {w}" for i, w in found.items()) + "), "
+        where = "" if len(found) == self.facts.n_layers else (
+            " on layer" + "s" * (len(found) > 1) + " " + ",".join(map(str, found)))
+        return f"sliding_window={next(iter(found.values()))}{where}, "
+
     def __repr__(self) -> str:
         f = self.facts
         kind = "encoder" if f.is_encoder else "decoder"
@@ -440,7 +451,8 @@ class HookedModel(TLHabits):
         return (
             f"HookedModel({f.name!r}: {f.family} {kind}, {f.n_layers} layers x {f.n_heads} heads "
             f"({f.n_kv_heads} KV), {attention}d_model={f.d_model}, {self._mlp_repr()}, n_ctx={f.context_words}, "
-            f"dtype={str(self.dtype).removeprefix('torch.')}, device={self.device})"
+            + self._window_repr()  # review 17d C2: GPT-Neo's local layers, Mistral's, Gemma's sliding layers
+            + f"dtype={str(self.dtype).removeprefix('torch.')}, device={self.device})"
         )
 
     # ---- tokens -------------------------------------------------------------------------
@@ -664,18 +676,57 @@ class HookedModel(TLHabits):
 
 
 def layer_windows(model: Any) -> tuple[int | None, ...]:
-    """Per layer, its sliding attention window (the keys a query sees and the positions its KV cache
-    keeps: the last `window`), or None for a global layer. Read as Hugging Face builds its cache
-    (transformers cache_utils.get_layer_types_and_kwargs): config.layer_types where given (Gemma 2/3,
-    Qwen2 with use_sliding_window), else every layer slides when config.sliding_window is set (Mistral)."""
+    """Per layer, its sliding attention window (the keys a query sees: the last `window`), or None for
+    a global layer, read from the Hugging Face config as the model's own mask reads it: GPT-Neo's
+    config.attention_layers ("local" layers see config.window_size keys, modeling_gpt_neo's
+    bitwise_xor mask); else config.layer_types where given (Gemma 2/3, Cohere 2, Qwen2 with
+    use_sliding_window, whose config builds layer_types from max_window_layers), else every layer
+    slides when config.sliding_window is set (Mistral, Phi-3, StarCoder2). What the KV cache keeps is
+    cache_windows: GPT-Neo's keeps every position."""
     n = model.facts.n_layers
     config = getattr(getattr(model.bridge, "original_model", None), "config", None)
     config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
+    if model.facts.is_encoder or config is None:
+        return (None,) * n
+    kinds, window = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
+    if isinstance(kinds, (list, tuple)) and isinstance(window, int) and window >= 1:  # GPT-Neo
+        return tuple(window if i < len(kinds) and kinds[i] == "local" else None for i in range(n))
+    return cache_windows(model)
+
+
+def cache_windows(model: Any) -> tuple[int | None, ...]:
+    """Per layer, the window Hugging Face's KV cache keeps (its last window - 1 positions), or None where it keeps
+    every position: transformers' DynamicCache reads config.sliding_window and config.layer_types only
+    (cache_utils), so it equals layer_windows except on GPT-Neo, whose local layers' cache keeps every position
+    though their attention sees only window_size keys (review 17d C3)."""
+    n = model.facts.n_layers
+    config = getattr(getattr(model.bridge, "original_model", None), "config", None)
+    config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
+    if model.facts.is_encoder or config is None:
+        return (None,) * n
     window = getattr(config, "sliding_window", None)
-    if model.facts.is_encoder or not isinstance(window, int) or window < 1:
+    if not isinstance(window, int) or window < 1:
         return (None,) * n
     types = getattr(config, "layer_types", None) or ["sliding_attention"] * n
     return tuple(window if i < len(types) and types[i] == "sliding_attention" else None for i in range(n))
+
+
+def window_words(windows: Mapping[int, int] | Sequence[int | None], n_layers: int | None = None) -> str:
+    """The sliding windows in words for the header and the repr: "layers 1, 3 attend over a sliding window of 8 keys
+    (the others globally)", "every layer attends over ..."; '' without one. windows: layer_windows' tuple, or
+    {layer: window} of the windowed layers only (the manifest's attention_windows) with n_layers."""
+    found = ({int(k): int(v) for k, v in windows.items()} if isinstance(windows, Mapping)
+             else {i: int(w) for i, w in enumerate(windows) if w is not None})
+    if not found:
+        return ""
+    n = n_layers if n_layers is not None else (None if isinstance(windows, Mapping) else len(windows))
+    sizes = sorted(set(found.values()))
+    size = f"{sizes[0]} keys" if len(sizes) == 1 else "; ".join(
+        f"{w} keys on layer(s) {', '.join(str(k) for k, v in found.items() if v == w)}" for w in sizes)
+    if n is not None and len(found) == n:
+        return f"every layer attends over a sliding window of {size}"
+    who = f"layer {next(iter(found))}" if len(found) == 1 else "layers " + ", ".join(map(str, found))
+    return f"{who} attend{'s' if len(found) == 1 else ''} over a sliding window of {size} (the others globally)"
 
 
 def visible_keys(queries: Any, keys: Any, window: int | None) -> torch.Tensor:

@@ -444,7 +444,9 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                 notes.append(NOT_COMPARED + f"{label}: not compared, not the same quantity: {apart} (A {va:.3g}, "
                              f"B {vb:.3g}; {n}).")  # review 13c A2: no difference of two quantities
                 continue
-            if unit == unit_b == "cells" and ia is not None and ib is not None:  # two r's: their Fisher intervals
+            from headscope.reports.compare_run import precision_verdict as rounding_pair  # review 17d B3: one model,
+            one_model = rounding_pair(a, b, name, va, vb, label) is not None  # two dtypes: r's gap is rounding too
+            if unit == unit_b == "cells" and ia is not None and ib is not None and not one_model:  # two r's: Fisher
                 verdict = r_verdict(va, vb, int(na), int(nb))
                 notes.append((SAME if verdict.startswith(" (within noise") else "") + f"{label}: A {va:.3f}, B "
                              f"{vb:.3f} ({n})" + verdict)

@@ -397,6 +397,10 @@ def feeding_settings(name: str, label: str) -> frozenset[str] | None:
     """The settings of analysis `name` that the number compare labels `label` depends on (review 16cv B3: a saliency
     tau does not use the permutations; review 17a A2: patching's clean and corrupted prompts' metric uses none, its
     examples aside, which same_rows checks); None where not known here: every setting counts."""
+    if name == "heads" and "unpruned" in label:  # review 17d B2: the unpruned metric uses no L0 or pruning setting
+        return frozenset()
+    if name == "patching" and "Pearson r at " in label:  # 17d B3: a site's r reads its own cells, not path patching
+        return frozenset()  # or the other sites patched (a site one run left out has no r to compare)
     if name == "patching" and label.startswith(("patching clean prompts'", "patching corrupted prompts'")):
         return frozenset()
     if name != "attribution":

@@ -60,10 +60,18 @@ def _size_sentence(s: Mapping[str, Any], per_token: float, full_ctx: float | Non
     sizes = sorted({int(v) for v in windows.values()})
     size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
     kept = str(sizes[0] - 1) if len(sizes) == 1 else f"{sizes[0] - 1}-{sizes[-1] - 1}"
+    ctx = _num(s.get("n_ctx"))
+    if s.get("cache_keeps_all"):  # GPT-Neo (review 17d C3): its local layers' cache keeps every position anyway
+        windowed = _num(s.get("bytes_at_n_ctx_windowed"))
+        return (text + f"; layer(s) {', '.join(windows)} attend over a sliding window of {size} keys, but Hugging "
+                "Face's cache for this model keeps every position on every layer"
+                + (f": {_bytes(full_ctx)} at full context" + (f" ({int(ctx)} positions)" if ctx else "") if full_ctx
+                   is not None else "")
+                + (f"; a cache that kept only each window (its last {kept} positions, as Hugging Face's sliding "
+                   f"cache does) would take {_bytes(windowed)}" if windowed is not None else "") + ".")
     text += (f" while the context fits the window; layer(s) {', '.join(windows)} attend over a sliding window of "
              f"{size} keys, so their cache keeps at most {kept} past positions")
     everyone = _num(s.get("bytes_at_n_ctx_all_global"))
-    ctx = _num(s.get("n_ctx"))
     if full_ctx is not None:
         text += (f": {_bytes(full_ctx)} at full context" + (f" ({int(ctx)} positions)" if ctx else "")
                  + (f", against {_bytes(everyone)} if every layer were global" if everyone is not None else ""))

@@ -43,6 +43,7 @@ from headscope.errors import (
     RunInterrupted,
 )
 from headscope.execution import block_shape, distributed
+from headscope.models.hooked_model import layer_windows
 from headscope.reports import io
 from headscope.reports.manifest import build_manifest
 from headscope.reports.outputs import OutputSession, _make_parents, check_modes, check_out, replace_folder, sha256
@@ -208,7 +209,9 @@ def model_record(model: Any) -> dict[str, Any]:
             "parallel_blocks": any(block_shape.is_parallel(b) for b in model.bridge.blocks),
             "tied_embeddings": _tied_embeddings(model),
             # review 11c A3: which blocks are mixtures of experts and their layout (the header names them)
-            "experts_per_layer": _experts_per_layer(model)}
+            "experts_per_layer": _experts_per_layer(model),
+            # review 17d C2: {layer: window} of the sliding-window (local) layers, the header names them
+            "attention_windows": {str(i): w for i, w in enumerate(layer_windows(model)) if w is not None}}
 
 
 def _tied_embeddings(model: Any) -> bool:

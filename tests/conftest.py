@@ -138,6 +138,16 @@ def bloom_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def gpt_neo_model(tmp_path_factory):
+    """(HookedModel, its directory) of tests_support's tiny "gpt_neo" family (seed 0), built once: layer 1 local
+    with window_size 4 (GPT-Neo's attention_layers, not sliding_window; review 17d), a delegating bridge as OPT."""
+    import headscope as hs
+
+    path = build_tiny_model("gpt_neo", tmp_path_factory.mktemp("gpt_neo") / "gpt_neo")
+    return hs.load_model(str(path), device="cpu"), path
+
+
+@pytest.fixture(scope="session")
 def deepseek_v3_dir(tmp_path_factory):
     """tests_support's "deepseek_v3" family as it is (multi-head latent attention, two dense layers, seed 0), built
     once for the MLA tests (models/test_mla.py, analyses/test_kv_mla.py)."""

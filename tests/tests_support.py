@@ -36,7 +36,8 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
     drawn N(0, 0.1^2) so the choice's bias counts); 2 layers unless `config`, which overrides fields of the Hugging
     Face config, says otherwise; "cohere" (parallel block, one norm); "falcon" (multi-query, parallel block);
     "granite" (Llama-style, embedding x12, residual writes x0.22, attention scores
-    x1/128, logits /8). Matrices and stacked experts' weights are drawn N(0, 0.2^2).
+    x1/128, logits /8); "gpt_neo" (layer 0 global, layer 1 local with window_size 4,
+    unscaled scores). Matrices and stacked experts' weights are drawn N(0, 0.2^2).
 
     `tokenizer`: "word" (w0..w59, ids 4..63) or "qwen" (Qwen2's byte-level BPE, trained here).
     Default "word", except for qwen2: transformers always loads a Qwen2 checkpoint's tokenizer as
@@ -78,6 +79,10 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
                       num_key_value_heads=2, max_position_embeddings=N_CTX, embedding_multiplier=12.0,
                       residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0)
         make = transformers.GraniteForCausalLM, transformers.GraniteConfig
+    elif family == "gpt_neo":  # layer 0 global, layer 1 local (window 4), no 1/sqrt(d_head) on the scores
+        fields = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, window_size=4,
+                      attention_types=[[["global", "local"], 1]], max_position_embeddings=N_CTX)
+        make = transformers.GPTNeoForCausalLM, transformers.GPTNeoConfig
     elif family == "opt":  # TransformerLens hands OPT's attention to Hugging Face (edits to scores/patterns discarded)
         fields = dict(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
                       max_position_embeddings=N_CTX, word_embed_proj_dim=64)

@@ -8,11 +8,13 @@ starts at the model's own log-attention plus a little seeded noise, and projecte
 
     mean over heads and rows of JSD(alpha', alpha)   subject to   output change <= epsilon
 
-with the model's weights frozen. The output change is the TVD of the next-token distribution
-(decoders) or 1 - cosine of the pooled embedding (encoders). Per example we keep the largest
-JSD among the steps whose output change was <= epsilon (0 if none was). JSD uses natural
-logarithms, so its maximum is ln 2 ~ 0.693: J&W's finding is that, for many examples, attention
-can be moved that far without changing the prediction.
+with the model's weights frozen. alpha' lives on the keys the model's mask lets the row see
+(permutation.key_support: causal, and a sliding-window layer's window, models.layer_windows): the keys it
+masks stay at exactly 0, so the search never reads a distribution the layer cannot produce (review 17d A2).
+The output change is the TVD of the next-token distribution (decoders) or 1 - cosine of the pooled embedding
+(encoders). Per example we keep the largest JSD among the steps whose output change was <= epsilon (0 if none
+was). JSD uses natural logarithms, so its maximum is ln 2 ~ 0.693: J&W's finding is that, for many examples,
+attention can be moved that far without changing the prediction.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from headscope.analyses.attribution.methods import answer_logits, prediction, prediction_change
-from headscope.analyses.attribution.permutation import Generators, Score, per_example, prediction_rows, z_hook
+from headscope.analyses.attribution.permutation import Generators, Score, key_support, per_example, prediction_rows, z_hook
 from headscope.errors import ConfigError
 from headscope.hooks.sites import site
 
@@ -77,6 +79,7 @@ def adversarial_attention(
     rows, v = rows.float(), v.float()
     draws = per_example(generator, rows.shape[0], lambda n, g: torch.randn((n, *rows.shape[1:]), generator=g))
     theta = rows.clamp_min(1e-9).log() + noise * draws.to(rows.device)  # [batch, head, r, k]
+    hidden = ~key_support(model, layer, tokens.shape[1]).to(rows.device)  # [k] keys the mask hides: kept at 0
     best = torch.zeros(rows.shape[0], device=rows.device)  # [batch]
     best_change = torch.zeros_like(best)
     best_rows = rows.clone()
@@ -84,7 +87,7 @@ def adversarial_attention(
     for step in range(steps):
         theta = theta.detach().requires_grad_(True)  # [batch, head, r, k]
         with torch.enable_grad():
-            alpha = theta.softmax(-1)  # [batch, head, r, k]
+            alpha = theta.masked_fill(hidden, float("-inf")).softmax(-1)  # [batch, head, r, k]
             new_z = torch.einsum("bhrk,bkhd->brhd", alpha, v)  # [batch, r, head, d_head]
             out = model.run_with_hooks(tokens, fwd=[(site("z", layer), z_hook(new_z, at))])
             change = prediction_change(model, prediction(model, out, at), ref, pooled=pooled)  # [batch]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ from headscope.analyses.kv.holding import holding_budgets
 from headscope.analyses.position import sinks
 from headscope.errors import ConfigError
 from headscope.models.alibi import alibi_slopes
-from headscope.models.hooked_model import layer_windows
+from headscope.models.hooked_model import cache_windows, layer_windows
 from headscope.models.key_norm import key_norms
 
 
@@ -135,7 +135,7 @@ def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
     dtype = dtype or model.dtype
     return CacheAnatomy(n_layers=f.n_layers, n_heads=f.n_heads, n_kv_heads=f.n_kv_heads, d_head=f.d_head,
                         dtype=str(dtype).removeprefix("torch."),
-                        bytes_per_number=torch.empty((), dtype=dtype).element_size(), windows=layer_windows(model),
+                        bytes_per_number=torch.empty((), dtype=dtype).element_size(), windows=cache_windows(model),
                         **latent_layout(model.bridge.original_model.config))
 
 
@@ -329,15 +329,21 @@ def key_norm_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
 
 
 def _context_sizes(model, anatomy: CacheAnatomy, longest: int) -> dict[str, Any]:
-    """The cache at full context (bytes_at_n_ctx; sliding-window layers hold only their window) and were every
-    layer global, with n_ctx; on a model with no fixed context (ALiBi, review 16c A2) those are None and
-    no_fixed_context names its positions, with the cache at the longest prompt run (`longest` tokens)."""
+    """The cache at full context (bytes_at_n_ctx; sliding-window layers hold only their window where Hugging
+    Face's cache keeps only it, models.cache_windows), were every layer global, and (bytes_at_n_ctx_windowed,
+    GPT-Neo) were each local layer's cache cut to its window, with n_ctx; on a model with no fixed context (ALiBi,
+    review 16c A2) those are None and no_fixed_context names its positions, with the cache at the longest prompt
+    run (`longest` tokens)."""
     limit = model.facts.context_limit
     if limit is None:
         return {"bytes_at_n_ctx": None, "bytes_at_n_ctx_all_global": None, "n_ctx": None,
                 "no_fixed_context": model.facts.positional, "bytes_at_longest_prompt": anatomy.total(longest)}
-    return {"bytes_at_n_ctx": anatomy.total(limit),
-            "bytes_at_n_ctx_all_global": anatomy.n_layers * anatomy.bytes_per_token_per_layer * limit, "n_ctx": limit}
+    sizes = {"bytes_at_n_ctx": anatomy.total(limit),
+             "bytes_at_n_ctx_all_global": anatomy.n_layers * anatomy.bytes_per_token_per_layer * limit, "n_ctx": limit}
+    windows = layer_windows(model)
+    if windows != anatomy.windows and any(windows):  # GPT-Neo (review 17d C3): its cache keeps what its windows hide
+        sizes["bytes_at_n_ctx_windowed"] = replace(anatomy, windows=windows).total(limit)
+    return sizes
 
 
 def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
@@ -433,7 +439,9 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "latent": list(anatomy.latent) if anatomy.latent else None,  # MLA: [kv_lora_rank, qk_rope] cached per layer
         "dtype": anatomy.dtype,
         **_context_sizes(model, anatomy, int(lengths.max())),
-        "sliding_windows": {str(k): v for k, v in anatomy.sliding_layers.items()},  # {layer: window}
+        # {layer: window} the attention sees; on GPT-Neo the cache still keeps every position (cache_keeps_all)
+        "sliding_windows": {str(k): v for k, v in enumerate(layer_windows(model)) if v is not None},
+        **({"cache_keeps_all": True} if layer_windows(model) != anatomy.windows and any(layer_windows(model)) else {}),
         "metric": task.metric, "n_examples": len(task),
         # the longest prompt's real tokens (position's too): a sliding window binds, and the finding names it, only below
         "prompt_tokens": int(lengths.max()),

@@ -241,6 +241,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_sites(args: argparse.Namespace) -> int:
+    from headscope.hooks.edits import scores_hold_weights
     from headscope.hooks.sites import available_sites, describe_site, parse_site
     from headscope.models import load_model
 
@@ -253,10 +254,11 @@ def _cmd_sites(args: argparse.Namespace) -> int:
         print(f"multi-head latent attention: d_head is {m['d_head_qk']} for q and k ({m['d_head_rope']} of it rotary; "
               f"rot_q, rot_k: that rotary part, rot_k one key shared by all heads) and {m['d_head_v']} for v and z")
     names = available_sites(model)
+    weights = scores_hold_weights(model)  # review 17d A3: GPT-Neo's, OPT's hook_attn_scores holds the weights
     print(f"{len(names)} sites:")
     for name in names:
         kind, _ = parse_site(name)
-        shape, doc = describe_site(kind, model.facts.mla)
+        shape, doc = describe_site(kind, model.facts.mla, scores_hold_weights=weights)
         print(f"  {name:<40} {shape:<36} {doc}")
     return 0
 

@@ -193,3 +193,45 @@ def test_visible_keys_are_the_keys_hugging_face_eager_attends_to(arch, arch_dirs
         real = mask.bool()
         assert torch.equal(got[0], want[0].expand_as(got[0]))
         assert torch.equal(got[1][:, real[1]], want[1][real[1]].expand_as(got[1][:, real[1]]))
+
+
+def test_layer_windows_read_gpt_neos_local_layers_as_its_own_mask_does(gpt_neo_model):
+    """GPT-Neo keeps its window in config.window_size and config.attention_layers ("local"), not sliding_window
+    (review 17d): layer_windows gives (None, 4) on the tiny GPT-Neo (layer 1 local, window 4), and visible_keys
+    with it is exactly where plain Hugging Face's eager attention weights are nonzero, 12 positions, a left-padded
+    row included. The old reader gave (None, None): layer 1 read as global."""
+    from headscope.models.hooked_model import layer_windows, visible_keys
+
+    model, path = gpt_neo_model
+    assert layer_windows(model) == (None, 4)
+    hf = hf_reference(path)
+    tokens = torch.randint(4, 60, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        out = hf(tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0), output_attentions=True)
+    pos, real = torch.arange(12), mask.bool()
+    assert (out.attentions[1][0, :, -1, :-4] == 0).all() and (out.attentions[1][0, :, -1, -4:] > 0).all()
+    for layer, w in enumerate(layer_windows(model)):
+        want = visible_keys(pos[:, None], pos[None, :], w)[None] & real[:, None, :]  # [b, q, k]
+        got = out.attentions[layer] > 0  # [b, H, q, k]
+        assert torch.equal(got[0], want[0].expand_as(got[0]))
+        assert torch.equal(got[1][:, real[1]], want[1][real[1]].expand_as(got[1][:, real[1]]))
+
+
+def test_layer_windows_follow_qwen2s_use_sliding_window_and_max_window_layers():
+    """Qwen2 slides only with use_sliding_window, and then only layers >= max_window_layers (its config's
+    layer_types, which its mask reads); sliding_window alone (use_sliding_window False) is no window."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from headscope.models.hooked_model import layer_windows
+
+    def windows(**kw):
+        config = transformers.Qwen2Config(num_hidden_layers=3, sliding_window=8, **kw)
+        facts = SimpleNamespace(n_layers=3, is_encoder=False)
+        return layer_windows(SimpleNamespace(facts=facts, bridge=SimpleNamespace(original_model=SimpleNamespace(config=config))))
+
+    assert windows(use_sliding_window=False) == (None, None, None)
+    assert windows(use_sliding_window=True, max_window_layers=1) == (None, 8, 8)

@@ -489,3 +489,39 @@ def test_the_page_lists_real_differences_first_and_rounding_moves_once_in_one_gr
     assert ("<li>attribution permutation test: mean change of the metric: A 10.2216, B 10.2324 (n 4 each): equal at "
             "the shown precision (3 significant figures), moved below it by bfloat16's rounding.</li>") in same
     assert abs(10.2324 - 10.2216 - 0.0108) < 1e-12 and f"{10.2216:.3g}" == f"{10.2324:.3g}"  # the premise, by hand
+
+
+def test_settings_that_do_not_feed_the_unpruned_metric_or_an_r_leave_them_rounding(tmp_path):
+    """Review 17d B2: B's budget cut pruning.n_random 2 -> 1, which the unpruned metric does not use: its gap on the
+    same rows is bfloat16's rounding alone, no settings caveat. B3: the attribution-vs-exact r at head_out of one model
+    in two dtypes over the same 24 cells was judged by Fisher intervals ("within noise"), the sampling of another set
+    of examples; it is rounding as every other number of the pair, and B's path_patching off (which the r does not
+    read) is no caveat beside it."""
+    fp32, bf16, _ = _folders(tmp_path)
+    heads = {"metric": "logit_diff", "n_examples": 4, "chance": {"mean": 0.0, "ci": [-0.1, 0.1]}}
+    corr = {"head_out": {"n": 24, "n_nonzero": 19, "n_within_rounding": 0, "pearson": 0.758, "slope": 0.5,
+                         "slope_ci": [0.4, 0.6], "slope_n": 24}}
+    runs = {}
+    for side, folder, dtype, value, r, budget in (("a", fp32, "float32", 2.9183, 0.758, {}),
+                                                  ("b", bf16, "bfloat16", 2.921875, 0.769,
+                                                   {"budget": {"changed": {"pruning.n_random": [2, 1]}}})):
+        root = tmp_path / side
+        _run(root, folder, dtype, TAU)
+        io.write_json(root / "heads" / "summary.json", {**heads, "baseline_metric": value, **budget})
+        patching = {"metric": "logit_diff", "n_examples": 4, **({"budget": {"changed": {"path_patching": [True, False]}}}
+                                                                  if budget else {}),
+                    "attribution_correlation": {"head_out": {**corr["head_out"], "pearson": r}}}
+        io.write_json(root / "patching" / "summary.json", patching)
+        for name in ("heads", "patching"):
+            io.write_json(root / name / "task.json", {"task": "fill", "source": "your task (fill.csv)", "n_examples": 4,
+                                                      "rows": [0, 2, 5, 7], "sample": {"prompt": "Ann has a <mask> hat."}})
+        manifest = io.read_json(root / "manifest.json")
+        manifest["config"]["analyses"] = ["attribution", "heads", "patching"]
+        io.write_json(root / "manifest.json", manifest)
+        runs[side] = Run(root)
+    notes = headline_notes(runs["a"], runs["b"])
+    [unpruned] = [n for n in notes if "unpruned" in n]
+    assert "settings differ" not in unpruned and "(a rounding difference, not sampling noise" in unpruned, unpruned
+    [r] = [n for n in notes if "Pearson r at head_out" in n]
+    assert "Fisher" not in r and "within noise" not in r and "settings differ" not in r, r
+    assert "(a rounding difference, not sampling noise: one model on the same examples" in r, r
