@@ -589,7 +589,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
           "flattering); the finding's point (the fewest heads within tolerance) is chosen on those training examples "
           "and reported with its held-out change.",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
-             "(the mean maximum attention weight). On sliding-window layers sink averages over the queries that can "
+             "(the mean maximum attention weight). Induction is the attention to the token after an earlier occurrence "
+             "on repeated random tokens minus the same offset's attention on random tokens without a repeat (a "
+             "fixed-offset head scores 0; below 0 is drawn as 0); a decoder's layer-0 head is never labelled induction "
+             "(no earlier layer to compose with). On sliding-window layers sink averages over the queries that can "
              "see the first token, a hatched grey cell is a score the window makes unmeasurable, and confidence and "
              "positional share are over the window's keys only, so they compare within layers of one kind.",
 }
