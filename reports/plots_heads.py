@@ -537,7 +537,9 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     for stem, (available, fn) in draw.items():
         if available:
             ax = fn()
-            mute_drawn(ax, quiet)
+            # review 17c B3: role scores are attention statistics on the prompts and random tokens, which the finding
+            # reports at chance too; not muted as noise of the task
+            mute_drawn(ax, None if stem == "roles" else quiet)
             for other in ax.figure.axes[1:]:  # the pruning curve's zoom beside the whole curve: muted too
                 mute_drawn(other, quiet, say=False)
             out[stem] = laid_out(ax)

@@ -1865,6 +1865,30 @@ def test_roles_hatch_the_induction_cells_a_sliding_window_makes_unmeasurable():
         plt.close("all")
 
 
+def test_roles_are_not_muted_as_task_noise_at_chance():
+    """Review 17c B3: at chance the roles map was titled "AT CHANCE: muted colours (noise, not task behaviour)" while the
+    heads finding named the roles: role scores are attention statistics on the prompts and random tokens, not the task's
+    answers, so the map keeps its colours and title; the at-chance maps (importance) stay muted."""
+    from headscope.reports.plots_heads import figures
+
+    roles = pd.DataFrame([{"layer": l, "head": h, "positional": 0.1, "sink": 0.2, "previous_token": 0.9 * (h == 0),
+                           "induction": 0.0, "confidence": 0.5} for l in range(2) for h in range(2)])
+    df = pd.DataFrame([{"layer": l, "head": h, "method": "zero", "importance": 0.01 * (l + h)}
+                       for l in range(2) for h in range(2)])
+    summary = {"metric": "logit_diff", "baseline_metric": 0.01, "chance": {"at_chance": True, "metric": "logit_diff"}}
+    try:
+        figs = figures(_result("heads", df, summary, roles=roles))
+        title = figs["roles"].axes[0].get_title()
+        assert "AT CHANCE" not in title and "noise" not in title, title
+        mesh = figs["roles"].axes[0].collections[0]
+        alone = figures(_result("heads", df, {**summary, "chance": None}, roles=roles))["roles"].axes[0].collections[0]
+        assert np.allclose(mesh.get_facecolors(), alone.get_facecolors())  # the same colours as above chance
+        assert "AT CHANCE" in figs["importance"].axes[0].get_title() or any(
+            "AT CHANCE" in t.get_text() for ax in figs["importance"].axes for t in ax.texts + [ax.title])
+    finally:
+        plt.close("all")
+
+
 def test_roles_labels_of_many_heads_do_not_overlap():
     from headscope.reports.plots_heads import plot_roles
 
