@@ -2975,11 +2975,37 @@ def test_attribution_figures_say_when_the_finding_withholds_what_they_draw():
                 if said is None:
                     assert "not read" not in title.lower() and "caveat" not in title and "Not read" not in text
                     continue
-                assert said in title, (stem, title)
+                assert said in " ".join(title.split("\n")), (stem, title)  # a title may be wrapped to its axes
                 assert text.startswith("Not read: the finding withholds" if entry is at else "Read with a caveat")
                 if entry is at:
                     assert fig.axes[0].title.get_color() == MUTED
                     assert "intervals clear of 0 here are not findings" in text
+    finally:
+        plt.close("all")
+
+
+def test_token_heatmap_colour_bar_label_stays_clear_of_a_three_line_title():
+    """Review 17c C1: at chance on a sliding-window model the heatmap's title has three lines (the hatch note, the
+    at-chance note), wider than the map, and the colour bar's vertical label "share of importance (0-1)" ran up into
+    them ("mask)" and "(0-1)" overprinted). Drawn: the label's box and the title's do not overlap, the label is no
+    taller than its bar, and its words are the same, none broken."""
+    from headscope.reports.plots_attribution import figures
+
+    at = {"at_chance": True, "below_chance": False, "metric": "logit_diff", "mean": 0.02, "chance_value": 0.0,
+          "ci": [-0.3, 0.34], "n_examples": 4, "task": "recall"}
+    result = _attribution_result(at)
+    result.tables["scores"]["masked"] = (result.tables["scores"]["method"] == "last_layer") & (
+        result.tables["scores"]["position"] == 1)
+    try:
+        fig = figures(result)["token_heatmap"]
+        ax, bar = fig.axes[0], fig.axes[1]
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        label = bar.yaxis.label
+        assert "sliding window" in ax.get_title() and "not read" in ax.get_title()
+        assert not label.get_window_extent(renderer).overlaps(ax.title.get_window_extent(renderer))
+        assert label.get_window_extent(renderer).height <= bar.get_window_extent(renderer).height + 0.5
+        assert label.get_text().split() == "share of importance (0-1)".split()
     finally:
         plt.close("all")
 
