@@ -938,6 +938,33 @@ def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
         plt.close("all")
 
 
+def test_kv_eviction_marks_a_sliding_caches_cap_not_the_longest_context():
+    """Review 17c C2 (StarCoder2, every layer over 12 keys, contexts up to 59): the dotted "saves nothing" line stood at
+    the longest context (59), while each layer's cache holds at most 11 positions (window - 1), so budgets 16, 32 and
+    59 all evicted nothing. With every layer sliding the line is at 11; with a global layer (or no windows recorded)
+    it stays at the longest context."""
+    from headscope.reports.plots_kv import eviction_cap, plot_eviction
+
+    rows = [{"policy": "full", "budget": 59, "example": e, "context": c, "cached": 33.0, "kept": 33.0, "metric": m}
+            for e, (c, m) in enumerate(((43, 0.6), (11, -1.4)))]
+    rows += [{"policy": "window", "budget": 4, "example": e, "context": c, "cached": 33.0, "kept": 12.0, "metric": m}
+             for e, (c, m) in enumerate(((43, 0.1), (11, -1.0)))]
+    norms = pd.DataFrame({"layer": [0, 1, 2], "position": 0, "norm": 1.0})
+    every = {"metric": "logit_diff", "sliding_windows": {"0": 12, "1": 12, "2": 12}, "sink_mass_per_layer": [0.1] * 3}
+    mixed = {**every, "sliding_windows": {"0": 12, "2": 12}}
+    assert eviction_cap(_result("kv", pd.DataFrame(rows), every)) == 11
+    assert eviction_cap(_result("kv", pd.DataFrame(rows), mixed)) is None
+    try:
+        for summary, x, label in ((every, 11, "the cache's cap (11:\nsliding window - 1)"),
+                                  (mixed, 59, "longest context (59)")):
+            result = _result("kv", pd.DataFrame(rows), summary, norms=norms)
+            ax = plot_eviction(result.df, metric="logit_diff", ax=plt.subplots()[1], cap=eviction_cap(result))
+            [dotted] = [li for li in ax.get_lines() if li.get_linestyle() == ":"]
+            assert list(dotted.get_xdata()) == [x, x] and dotted.get_label() == label
+    finally:
+        plt.close("all")
+
+
 def test_kv_eviction_draws_a_policy_within_one_rounding_step_of_a_later_one_visibly():
     """Review 15a C5: heavy hitters' mean change was within one bfloat16 step (2^-7 = 0.0078 for metrics under 1) of
     the window's at every budget, its circles hidden under the window's diamonds. By hand: two prompts of context 8,
