@@ -373,6 +373,17 @@ def scalings_clause(model: Mapping[str, Any], ran: Sequence[str] | None = None) 
     return f", scalings: {', '.join(parts)}" + (f" (the {' and '.join(which)} numbers include them)" if which else "")
 
 
+def window_clause(model: Mapping[str, Any]) -> str:
+    """', sliding-window attention (every layer over 12 keys)' where the manifest's model records sliding windows
+    (report.py's model_info, models.layer_windows), else ''."""
+    windows = model.get("sliding_windows")
+    if not isinstance(windows, Mapping) or not windows:
+        return ""
+    from headscope.reports.findings import sliding_words
+
+    return f", sliding-window attention ({sliding_words(windows, model.get('n_layers'))})"
+
+
 def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str], model: Mapping[str, Any],
                        task_used: Mapping[str, str] | None = None) -> None:
     """report.html and report.md; task_used: per analysis, the data it ran on (shown in its section)."""
@@ -421,6 +432,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         facts += ", tied embeddings"
     if model.get("parallel_blocks"):  # review 8 C2: mlpL reads the block's input, as layer L's heads do
         facts += ", parallel blocks (attention and MLP both read the block's input)"
+    facts += window_clause(model)  # review 17c C3: heads, position, kv and attribution change their method for it
     if info.get("dtype"):  # review 7 A6: findings that speak of rounding rest on the precision: say it up front
         facts += f", run in {info['dtype']}" + (f" on {info['device']}" if info.get("device") else "")
     cut = below_quick_line(out, names)  # review 11b C3: a default run the budget left smaller than --quick's

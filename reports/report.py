@@ -200,6 +200,16 @@ def _experts_per_layer(model: Any) -> dict[str, dict[str, Any]]:
             if (layout := hooks.expert_layout(model, layer)) is not None}
 
 
+def _layer_windows(model: Any) -> list:
+    """models.layer_windows, [] for a model object without a bridge to read them from."""
+    from headscope.models.hooked_model import layer_windows
+
+    try:
+        return list(layer_windows(model))
+    except AttributeError:
+        return []
+
+
 def _tied_embeddings(model: Any) -> bool:
     """Whether the unembedding is the embedding matrix itself (the same storage), as in GPT-2, Qwen3 or Llama 3.2."""
     hf = getattr(getattr(model, "bridge", None), "original_model", None)
@@ -372,6 +382,8 @@ class _Writer:
                       # review 8 C2: parallel blocks change what "mlp1" reads; the header says so
                       "parallel_blocks": any(block_shape.is_parallel(b) for b in model.bridge.blocks),
                       "tied_embeddings": _tied_embeddings(model),
+                      # review 17c C3: the sliding windows, {layer: keys}, which the header names
+                      "sliding_windows": {str(l): w for l, w in enumerate(_layer_windows(model)) if w},
                       # review 11c A3: which blocks are mixtures of experts and their layout (the header names them)
                       "experts_per_layer": _experts_per_layer(model)}
         writer = cls(model=model, out=out, session=session, run=run, book=book, previous=previous,
