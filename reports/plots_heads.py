@@ -469,6 +469,8 @@ def plot_roles(data: pd.DataFrame, *, ax: Any = None) -> Any:
     grid = data.assign(name=[f"L{l}H{h}" for l, h in zip(data["layer"], data["head"])]).set_index("name")
     scores = [c for c in ROLE_SCORES if c in grid.columns]
     shown = grid[scores].rename(columns=lambda c: {"confidence": "confidence\n(max weight)"}.get(c, c.replace("_", "-")))
+    if "induction" in shown:  # its excess over the no-repeat control (roles.py): below 0 is no induction, drawn as 0
+        shown["induction"] = shown["induction"].clip(lower=0.0)
     height = 0.75 * ax.get_position().height * ax.figure.get_figheight()  # inches the rows keep after tight_layout
     every = max(1, math.ceil(rows * LABEL_INCHES / max(height, 0.1)))  # label every k-th head when they would overlap
     sns.heatmap(shown, ax=ax, **color_scale(bound=1.0, is_signed=False), cbar_kws={"label": "role score (0-1)"},
