@@ -223,7 +223,7 @@ def _rounded_layers(label: str, ra: dict, rb: dict, value: str, n: str, rounding
 
 
 def _layers_note(label: str, ra: dict, rb: dict, value: str, unit: str, differ: str,
-                 rounding: tuple[str, str] | None = None) -> list[str]:
+                 rounding: tuple[str, str] | None = None, why_none: str = "") -> list[str]:
     """Per-layer records (value, ci, n) of A and B judged layer by layer by their recorded 95% intervals
     (noise_verdict): beyond noise where any layer is, naming those and the others within; within noise in every
     layer; not compared where an interval is missing, the runs' layers differ or `differ` says why. Where A and B are
@@ -256,11 +256,11 @@ def _layers_note(label: str, ra: dict, rb: dict, value: str, unit: str, differ: 
 
     if kinds["beyond"]:
         rest = f"; within noise: {listed(kinds['within'])}" if kinds["within"] else ""
-        unknown = f"; no interval: {'; '.join(kinds['unknown'])}" if kinds["unknown"] else ""
+        unknown = f"; no interval{why_none}: {'; '.join(kinds['unknown'])}" if kinds["unknown"] else ""
         return [f"{label}: beyond noise (|B - A| past the two 95% CIs' combined half-widths) in "
                 f"{'; '.join(kinds['beyond'])}{rest}{unknown} ({n})."]
     if kinds["unknown"]:
-        return [NOT_COMPARED + f"{label}: not compared: {'; '.join(kinds['unknown'])} ({n})" + NOT_STATED]
+        return [NOT_COMPARED + f"{label}: not compared{why_none}: {'; '.join(kinds['unknown'])} ({n})" + NOT_STATED]
     return [SAME + f"{label}: within noise in every layer (|B - A| inside the two 95% CIs' combined half-widths): "
             f"{listed(kinds['within'])} ({n})."]
 
@@ -301,7 +301,11 @@ def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", na
     if differ or set(ra) != set(rb):
         why = differ or f"the runs' layers differ (A {len(ra)}, B {len(rb)})"
         return [NOT_COMPARED + f"{label} and which layers are sinks: not compared: {why}."]
-    notes = _layers_note(label, ra, rb, "mass", unit, "", rounding)
+    ra, rb, copies = _without_copies(ra), _without_copies(rb), _copied_layers(ra) | _copied_layers(rb)
+    why = (f" (layer{'s' * (len(copies) > 1)} {', '.join(map(str, sorted(copies)))}: a run's examples are copies of one "
+           "input over the queries measured, so it has no interval; a difference there is not judged against noise)"
+           if copies else "")
+    notes = _layers_note(label, ra, rb, "mass", unit, "", rounding, why)
     sinks = [[layer for layer, r in rows.items() if r.get("sink")] for rows in (ra, rb)]
     words = [f"layer{'s' * (len(x) > 1)} {', '.join(map(str, sorted(x)))}" if x else "none" for x in sinks]
     rule = f"at least {SINK_RATIO:g}x {_sink_baseline_words(sa, sb)}, its excess 95%-CI above 0"
@@ -312,6 +316,24 @@ def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", na
     else:
         notes.append(f"{verdict_label} ({rule}): A {words[0]} ({ratio[0]}), B {words[1]} ({ratio[1]}).")
     return notes
+
+
+def _copied_layers(rows: dict[int, Mapping[str, Any]]) -> set[int]:
+    """Review 17c C5: layers whose sink record rests on copies of one input: n_distinct 1, or (a summary before
+    n_distinct) an interval of width 0 over 2 or more examples, which only identical values give."""
+    out = set()
+    for layer, r in rows.items():
+        ci = ci_pair(r.get("ci"), ordered=True)
+        n = r.get("n")
+        if r.get("n_distinct") == 1 or (ci is not None and ci[0] == ci[1] and isinstance(n, int) and n >= 2):
+            out.add(layer)
+    return out
+
+
+def _without_copies(rows: dict[int, Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """rows with the interval of every _copied_layers record dropped."""
+    copied = _copied_layers(rows)
+    return {layer: ({**r, "ci": None} if layer in copied else r) for layer, r in rows.items()}
 
 
 def norm_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "",

@@ -167,7 +167,7 @@ OWN_CHANCE = ("the model's own mean log-probability over its vocabulary at the s
               "under which every token of an uneven model falls (Jensen)")
 
 
-WRONG_CHANCE = ("the same rows' wrong answers' mean log-probability: no preference between the answer and the wrong "
+WRONG_CHANCE = ("the same rows' wrong answers' mean log-probability: no preference on average between the answer and the wrong "
                 "answer")
 
 
@@ -185,13 +185,29 @@ def odds_words(entry: Mapping[str, Any]) -> str:
                if _num(margin.get("n_above")) is not None and _num(margin.get("n")) else ""))
 
 
+def spread_words(entry: Mapping[str, Any]) -> str:
+    """Review 17c B2: where a logit difference's mean is near chance but its rows are far from it (mean |difference|
+    at least chance.STRONG_LOGIT and twice |mean - chance|), 'mean |logit difference| 1.77, 24 of 40 rows at +-1 or
+    beyond: strong preferences either way that cancel on average'; '' otherwise or for entries without it."""
+    from headscope.analyses.core.chance import STRONG_LOGIT
+
+    size, mean, level = _num(entry.get("mean_abs")), _num(entry.get("mean")), _num(entry.get("chance_value"))
+    if entry.get("metric") != "logit_diff" or size is None or mean is None or level is None:
+        return ""
+    if size < STRONG_LOGIT or size < 2 * abs(mean - level):
+        return ""
+    n, strong = _num(entry.get("n_examples")), _num(entry.get("n_strong"))
+    rows = f", {strong:.0f} of {n:.0f} rows at +-{STRONG_LOGIT:g} or beyond" if n and strong is not None else ""
+    return f"mean |logit difference| {size:.3g}{rows}: strong preferences either way that cancel on average"
+
+
 def chance_basis(entry: Mapping[str, Any]) -> str:
     """What the chance value is computed from, in words ("" when the entry does not say): one metric's
     chance differs across tasks (answer length, vocabulary, number of answers)."""
     metric, vocab = entry.get("metric"), _num(entry.get("vocab_size"))
     tokens, classes = _num(entry.get("answer_tokens")), _num(entry.get("n_classes"))
     if metric == "logit_diff":
-        return "no preference between the answer and the wrong answer"
+        return "no preference on average between the answer and the wrong answer"
     if metric == "logprob" and entry.get("chance_from") == "vocabulary_mean":
         return OWN_CHANCE
     if metric == "logprob" and entry.get("chance_from") == "wrong_answers":
@@ -307,6 +323,7 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "", shipped: Mapping[s
         if ci:
             details.append(ci_words(ci, ".3g", _num(entry.get("ci_level")) or 0.95))
         details += [odds_words(entry)] if odds_words(entry) else []
+        details += [spread_words(entry)] if spread_words(entry) else []
     below = _below(entry)
     where = "at" if not below else "below"
     task = entry.get("task")
@@ -534,8 +551,10 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
     alibi = baseline == "alibi"
     share = (f"{base}, the share ALiBi's position bias alone gives them with every score equal (each head's slope; "
              f"uniform attention would give {_uniform_words(rows)})" if alibi else f"the uniform share {base}")
+    copies = _copies_words(rows, unit)
+    ci_words = "95% CI, " if any(r.get("ci") for r in rows) else ""
     head = (f"{where}ttention on {what} per layer (mean"
-            + (f" over {n} {unit}" if n else "") + f"{over}, 95% CI, and its multiple of {share}): ")
+            + (f" over {n} {unit}" if n else "") + f"{over}, {ci_words}and its multiple of {share}): ")
     if len(rows) <= 6:
         listed = ", ".join(one(r) for r in rows)
     else:
@@ -547,4 +566,26 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
         verdict = f"An attention sink in layer(s) {', '.join(str(r['layer']) for r in sinks)} ({rule})."
     else:
         verdict = f"No layer is an attention sink (none is {rule})."
-    return head + listed + ". " + verdict
+    return head + listed + ". " + copies + verdict
+
+
+def _copies_words(rows: list[Mapping[str, Any]], unit: str) -> str:
+    """Review 17c B1: the layers whose examples are copies of one input over the queries measured (a record's
+    n_distinct below its n: they read the same first tokens), so their interval is over the distinct inputs or, with
+    one, absent and the ratio alone decides; "" where every example is distinct or the records predate n_distinct."""
+    said = []
+    for k in sorted({int(r["n_distinct"]) for r in rows if _num(r.get("n_distinct")) is not None
+                     and _num(r.get("n")) is not None and r["n_distinct"] < r["n"]}):
+        layers = [r for r in rows if r.get("n_distinct") == k]
+        reads = sorted({int(r["read_tokens"]) for r in layers if _num(r.get("read_tokens")) is not None})
+        first = f"the first {reads[0]}" if len(reads) == 1 else f"their first {reads[0]}-{reads[-1]}"
+        where = f"layer{'s' if len(layers) > 1 else ''} {int_ranges(sorted(int(r['layer']) for r in layers))}"
+        n = layers[0]["n"]
+        if k == 1:
+            said.append(f"On {where} the queries measured read only {first} tokens, the same in all {n} {unit}: "
+                        f"{n} copies of one input, not independent samples, so no interval is given and the verdict "
+                        "rests on the ratio alone.")
+        else:
+            said.append(f"On {where} the queries measured read only {first} tokens, which take {k} distinct values "
+                        f"over the {n} {unit}: the interval is over those {k} inputs.")
+    return " ".join(said) + (" " if said else "")

@@ -591,7 +591,7 @@ def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:
         said.append(f"induction is not measurable on {where} (a window of {narrow}): the probe reads {length - 1} back")
     elif cut or cut is None and length is not None:  # None: an older summary, which did not record why
         said.append(f"induction is probed on repeats of {length} tokens (reading {length - 1} back)"
-                    + (" to fit the window" if cut else ", within the window"))
+                    + (" to fit well inside the window, short of its oldest key" if cut else ", within the window"))
     return f"Sliding windows ({sliding_words(windows, n_layers)}): {'; '.join(said)}." if said else ""
 
 

@@ -507,6 +507,8 @@ def plot_roles(data: pd.DataFrame, *, ax: Any = None) -> Any:
     grid = data.assign(name=[f"L{l}H{h}" for l, h in zip(data["layer"], data["head"])]).set_index("name")
     scores = [c for c in ROLE_SCORES if c in grid.columns]
     shown = grid[scores].rename(columns=lambda c: {"confidence": "confidence\n(max weight)"}.get(c, c.replace("_", "-")))
+    if "induction" in shown:  # its excess over the no-repeat control (roles.py): below 0 is no induction, drawn as 0
+        shown["induction"] = shown["induction"].clip(lower=0.0)
     height = 0.75 * ax.get_position().height * ax.figure.get_figheight()  # inches the rows keep after tight_layout
     every = max(1, math.ceil(rows * LABEL_INCHES / max(height, 0.1)))  # label every k-th head when they would overlap
     sns.heatmap(shown, ax=ax, **color_scale(bound=1.0, is_signed=False), cbar_kws={"label": "role score (0-1)"},
@@ -575,7 +577,9 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     for stem, (available, fn) in draw.items():
         if available:
             ax = fn()
-            mute_drawn(ax, quiet)
+            # review 17c B3: role scores are attention statistics on the prompts and random tokens, which the finding
+            # reports at chance too; not muted as noise of the task
+            mute_drawn(ax, None if stem == "roles" else quiet)
             for other in ax.figure.axes[1:]:  # the pruning curve's zoom beside the whole curve: muted too
                 mute_drawn(other, quiet, say=False)
             out[stem] = laid_out(ax)
@@ -627,7 +631,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
           "flattering); the finding's point (the fewest heads within tolerance) is chosen on those training examples "
           "and reported with its held-out change.",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
-             "(the mean maximum attention weight). On sliding-window layers sink averages over the queries that can "
+             "(the mean maximum attention weight). Induction is the attention to the token after an earlier occurrence "
+             "on repeated random tokens minus the same offset's attention on random tokens without a repeat (a "
+             "fixed-offset head scores 0; below 0 is drawn as 0); a decoder's layer-0 head is never labelled induction "
+             "(no earlier layer to compose with). On sliding-window layers sink averages over the queries that can "
              "see the first token, a hatched grey cell is a score the window makes unmeasurable, and confidence and "
              "positional share are over the window's keys only, so they compare within layers of one kind.",
 }

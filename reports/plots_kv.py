@@ -69,7 +69,7 @@ def coincident(series: Mapping[str, pd.Series], step: float) -> dict[str, list[s
 
 
 def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, recent_share: float | None = None,
-                  chance: float | None = None, quiet: str | None = None, step: float = 0.0):
+                  chance: float | None = None, quiet: str | None = None, step: float = 0.0, cap: int | None = None):
     """What the kv finding measures (review 10a B3): per policy and budget, the change of the prompts that budget
     evicts from against those same prompts' own full cache, mean(policy - full) in the metric's own units with its 95%
     t interval (analyses/kv/holding.budget_changes, the finding's numbers times their scale), on the sweep `data` (the
@@ -82,7 +82,9 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
     metrics.noise_floor) of a later-drawn one at every budget (`coincident`) is drawn over it, dashed with open
     markers, its legend entry saying it equals that one within rounding. Under each budget's tick: n, the prompts it evicts from,
     of all; a tick whose label would run into its neighbour's (close budgets on the log axis) is left unlabelled
-    and the x label lists it with its count (plots.thin_xtick_labels)."""
+    and the x label lists it with its count (plots.thin_xtick_labels). cap: the most positions a layer's cache holds
+    where every layer slides (window - 1, review 17c C2): the dotted line, the budget that saves nothing, is there
+    instead of at the longest context."""
     from headscope.analyses.kv.holding import TOLERANCE as BAND
     from headscope.analyses.kv.holding import budget_changes
 
@@ -115,7 +117,9 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
         what = "the span from chance" if chance is not None else "|full-cache mean|"
         ax.fill_between(band.index, -band.to_numpy(), band.to_numpy(), color="grey", alpha=0.15, lw=0,
                         label=f"within {100 * BAND:.0f}% of {what}")
-    if pd.notna(whole):
+    if cap is not None and (pd.isna(whole) or cap < whole):
+        ax.axvline(cap, color="grey", ls=":", lw=1, label=f"the cache's cap ({int(cap)}:\nsliding window - 1)")
+    elif pd.notna(whole):
         ax.axvline(whole, color="grey", ls=":", lw=1, label=f"longest context ({int(whole)})")
     ax.set_xscale("log", base=2)
     xlabel = "cache budget (positions per layer)"  # review 16dv C2: short; log2 and the units in the caption
@@ -300,6 +304,17 @@ def _rounding_step(result) -> float:
     return float(noise_floor(dtype, size if size == size else 1.0))
 
 
+def eviction_cap(result) -> int | None:
+    """window - 1 of the widest sliding window where every layer slides (the summary's sliding_windows, one per layer:
+    n_layers, else as many as sink_mass_per_layer), the most positions any layer's cache holds; None where a layer is
+    global or the summary does not say."""
+    windows = result.summary.get("sliding_windows") or {}
+    n_layers = result.summary.get("n_layers") or len(result.summary.get("sink_mass_per_layer") or ())
+    if not windows or not n_layers or len(windows) < int(n_layers):
+        return None
+    return max(int(w) for w in windows.values()) - 1
+
+
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a kv Result."""
     out = {}
@@ -308,7 +323,7 @@ def figures(result, **kwargs) -> dict:
                                                            recent_share=result.summary.get("recent_share"),
                                                            chance=hold.get("chance"),
                                                            quiet=quiet_reason(result.summary),
-                                                           step=_rounding_step(result))),
+                                                           step=_rounding_step(result), cap=eviction_cap(result))),
                        ("kv_norms", lambda: plot_norms(result.tables["norms"], key_norm=result.summary.get("key_norm"),
                                                       n_prompts=result.summary.get("n_examples"),
                                                       latent=result.summary.get("latent"))),
@@ -349,7 +364,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "evicts from, of all; a budget that evicts from none has no point, a prompt kept whole equals the "
                    "full cache). Dashed: 0, the full cache; grey band: within 1%, the finding's tolerance, in units (1% of the "
                    "same prompts' |full-cache mean|, or on a log-probability of the span from chance to it); dotted: "
-                   "the longest context, a budget that saves nothing for any prompt. Heavy hitters is H2O's policy: the "
+                   "the longest context, a budget that saves nothing for any prompt (where every layer slides: the "
+                   "cache's cap, window - 1). Heavy hitters is H2O's policy: the "
                    "newest positions (the share in its legend, half by default) plus the rest of the budget as the "
                    "older positions the context's queries attended to most. "
                    "A sliding-window layer already holds at most window - 1 past positions: window and heavy hitters "

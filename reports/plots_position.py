@@ -152,7 +152,9 @@ def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, what: str |
     ax.set_ylabel(f"attention mass (0-1)\non {what.split(' (')[0]}")
     top = float(np.nanmax(mass + (err[1] if err is not None else 0)))
     ax.set_ylim(0, min(1.0, 1.25 * max(top, baseline)) or 1.0)  # bars and their intervals fill the axis
-    ax.set_title("attention sink per layer" + ("" if err is not None else " (no interval recorded)"))
+    copies = "n_distinct" in sinks and bool((sinks["n_distinct"] == 1).all()) and err is None  # review 17c B1
+    ax.set_title("attention sink per layer" + ("" if err is not None else " (no interval: the examples are copies)"
+                                               if copies else " (no interval recorded)"))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return ax
 
@@ -225,7 +227,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "position_sinks": "Per layer, attention mass on the first tokens (0-1) against the uniform-attention baseline (dashed; "
                       "a sliding-window layer's counts only the keys inside its window; on an ALiBi model the share its "
                       "position bias alone gives them with every score equal), each bar with the 95% t interval "
-                      "of its mean over examples that the finding quotes.",
+                      "of its mean over examples that the finding quotes. On a sliding-window layer the bar averages only "
+                      "the queries whose window holds the first token; where those queries read the same first tokens "
+                      "in several examples, the examples are copies of one input and the interval is over the distinct "
+                      "inputs (none with one).",
     "position_streaming": "Answer log-probability (nats) by gold position with the full context and with streaming "
                           "windows (sinks + recent tokens); each condition has its own marker and dash, so equal curves "
                           "stay visible. The grey dashed line and band: the log-probability on each example's prompt "

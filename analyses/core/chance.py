@@ -6,7 +6,8 @@ from the per-example clean metric values and returns the dict that analyses put 
 `summary["chance"]`; reports.findings then says so and leaves out relative findings.
 
 Chance values (what a model that has learnt nothing about the task scores):
-- "logit_diff": 0 (no preference between the answer and the wrong answer);
+- "logit_diff": 0 (no preference on average between the answer and the wrong answer; the entry's mean_abs and
+  n_strong say how strongly single rows prefer one or the other);
 - "accuracy": 1/n_classes, by default 1/vocabulary size (top-1 over the vocabulary);
 - "logprob": log(1/vocabulary size), the answer's log-probability under a uniform prediction (chance_value);
   but a model's own tasks are tested against its own mean log-probability over the vocabulary at the same
@@ -168,7 +169,20 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
     return {"at_chance": at, "below_chance": ci is not None and ci[1] < chance, "metric": metric, "mean": mean,
             "chance_value": float(chance), "ci": ci, "ci_level": 1 - alpha, "p_value": p, "effect_size": effect,
             "floor": float(floor), "n_examples": int(len(values)), "reason": reason,
-            "undetermined": reason.startswith("cannot tell")}
+            "undetermined": reason.startswith("cannot tell"), **_spread(values, metric, chance)}
+
+
+STRONG_LOGIT = 1.0  # |logit difference| of a row that clearly prefers one answer (odds e:1), for the spread words
+
+
+def _spread(values: np.ndarray, metric: str, chance: float) -> dict[str, Any]:
+    """Review 17c B2: a logit difference's per-row size beside its mean, {"mean_abs": mean |value - chance|,
+    "n_strong": rows with |value - chance| >= STRONG_LOGIT} ({} for other metrics): a mean near 0 can be rows with
+    strong preferences either way that cancel, which "no preference" would misstate."""
+    if metric != "logit_diff" or not len(values):
+        return {}
+    dev = np.abs(values - chance)
+    return {"mean_abs": float(dev.mean()), "n_strong": int((dev >= STRONG_LOGIT).sum())}
 
 
 def copy_task(entry: dict[str, Any] | None, *, outputs: int, gold: int, copied: int | None,

@@ -296,7 +296,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     df, raw, baseline, loss_size, per = importance_table(model, scorer, hc.methods, seed=hc.seed,
                                                          progress=config.progress)
     roles = head_roles(model, scorer.tokens, scorer.attention_mask, n_induction=hc.n_induction, seed=hc.seed)
-    per_head = roles.drop(columns=["window", "induction_length", "induction_cut", "longest_prompt"])
+    per_head = roles.drop(columns=["window", "induction_length", "induction_cut", "longest_prompt", "induction_repeat",
+                                   "induction_control"])
     df = df.merge(per_head, on=["layer", "head"], how="left")
     prune_imp = {}  # unpruned importance reused by the fixed-order curves
     if "gradient" in raw:

@@ -5,7 +5,7 @@ Row passes, for n examples and N = layers x heads (a backward pass counts two mo
   of a pass a run costs that resumes at the ablated head's block (budget.resumed_share);
 - the measured rounding floor (any ablation method): n (2 + s G L), G = len(rounding.NULL_GATES): one
   capture of every head's z, the sweep's captured pass and G null ablations per layer;
-- roles: n_induction repeated-token rows (4 passes' worth: two lengths, pattern capture);
+- roles: n_induction repeated-token rows and as many no-repeat control rows (5 passes' worth, pattern capture);
 - pruning: c = len(prune_counts) points per curve: n c per fixed-order curve (gradient, ablation,
   n_random random ones); recomputed gradient: 3n (c - 1) + n; recomputed zero ablation:
   sum over steps of n (1 + heads remaining), or with the cheap ranking (above exact_limit heads)
@@ -37,7 +37,7 @@ def estimate(model, task, config) -> Cost:
         parts[f"importance_{method}"] = 3 * n if method == "gradient" else n * (1 + share * heads + (method == "mean"))
     if set(config.methods) - {"gradient"}:
         parts["rounding_floor"] = n * (2 + share * len(NULL_GATES) * f.n_layers)
-    parts["roles"] = 4 * config.n_induction
+    parts["roles"] = 5 * config.n_induction  # the no-repeat control: one more pass
     p = config.pruning
     counts = prune_counts(heads, p.step)
     pruning = 0.0

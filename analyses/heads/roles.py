@@ -12,10 +12,16 @@ scores as it would alone.
   counting it would cap the score below 1 by construction);
 - previous_token: attention from position q to q - 1;
 - induction: on repeated random tokens x x (length n each), mean attention from position i of
-  the second copy to i - n + 1, the token after the earlier occurrence (Olsson et al.); the probe
-  reads n - 1 positions back, so on a model with sliding windows n is at most the narrowest window
-  and a layer whose window the probe cannot fit in (window < MIN_INDUCTION_LENGTH, or a user's n
-  over its window) scores NaN: not measurable, rather than 0 by the mask;
+  the second copy to i - n + 1, the token after the earlier occurrence (Olsson et al.), minus the
+  same offset's mean attention on random tokens without a repeat at the same positions (the
+  control, induction_control; review 17c A1: a head that attends to a fixed offset, such as the
+  oldest key of a sliding window, scores as high there without any repeat). The probe reads n - 1
+  positions back, so on a model with sliding windows n is at most half the narrowest window (the
+  key is then never the window's oldest, w - 1 back) and a layer whose window the probe does not
+  fit well inside (n >= window) scores NaN: not measurable, rather than 0 by the mask or the
+  window's edge. A layer-0 head of a decoder is never labelled induction: its keys hold only their
+  own token and position, so it cannot find the token after an earlier occurrence (no earlier
+  previous-token head to compose with); its score is still reported;
 - confidence: mean maximum attention weight (Voita et al.).
 """
 from __future__ import annotations
@@ -93,32 +99,65 @@ def default_probe_length(model) -> int:
 
 
 def probe_length(model, length: int | None = None) -> int:
-    """The probe's repeat length: `length`, else default_probe_length cut to the narrowest
-    sliding window (models.layer_windows; the probe reads length - 1 back, a window w shows w - 1)."""
+    """The probe's repeat length: `length`, else default_probe_length cut to half the narrowest
+    sliding window (models.layer_windows; the probe reads length - 1 back, a window w shows w - 1 back:
+    at length w the key would be the window's oldest, which a fixed-offset head attends to anyway)."""
     if length:
         return length
     narrowest = min((w for w in layer_windows(model) if w), default=None)
     default = default_probe_length(model)
-    return default if narrowest is None else max(MIN_INDUCTION_LENGTH, min(default, narrowest))
+    return default if narrowest is None else max(MIN_INDUCTION_LENGTH, min(default, narrowest // 2))
+
+
+def unmeasurable_layers(model, length: int) -> torch.Tensor:
+    """[L] bool: layers whose sliding window does not hold the probe's key well inside it (length >= window: the key,
+    length - 1 back, is the window's oldest or hidden)."""
+    return torch.tensor([w is not None and length >= w for w in layer_windows(model)])
+
+
+def control_tokens(model, length: int, n: int, seed: int = 0) -> torch.Tensor:
+    """[n, 2 * length (+ prefix)]: the probe's shape and prefix, random non-special tokens with no repeat (distinct in
+    a row where the vocabulary allows; else the second half drawn anew, so no row repeats its first half)."""
+    from headscope.analyses.core.default_tasks import _token_pool
+
+    pool = _token_pool(model)
+    probe = repeated_random_tokens(model, length, n, seed)  # the prefix, as the probe has it
+    gen = torch.Generator().manual_seed(seed + 7919)
+    if len(pool) >= 2 * length:
+        body = torch.stack([pool[torch.randperm(len(pool), generator=gen)[:2 * length]] for _ in range(n)])
+    else:
+        body = torch.cat([torch.stack([pool[torch.randperm(len(pool), generator=gen)[:length]] for _ in range(n)])
+                          for _ in range(2)], dim=1)
+    return torch.cat([probe[:, :probe.shape[1] - 2 * length], body], dim=1)
+
+
+def induction_probe(model, *, length: int | None = None, n: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """([L, H] repeat, [L, H] control): mean attention from each second-copy position i to i - length + 1 on
+    repeated random tokens and, at the same positions, on random tokens without a repeat (control_tokens); NaN on a
+    layer whose window does not hold that key well inside it (unmeasurable_layers)."""
+    length = probe_length(model, length)
+    out = []
+    for tokens in (repeated_random_tokens(model, length, n, seed), control_tokens(model, length, n, seed)):
+        start = tokens.shape[1] - 2 * length  # 1 with a prefix token
+        pat = attention_patterns(model, tokens)  # [L, b, H, q, k]
+        q = torch.arange(start + length, start + 2 * length)  # second copy
+        out.append(pat[..., q, q - length + 1].mean((1, 3)))  # [L, H]
+    hidden = unmeasurable_layers(model, length)[:, None]  # [L, 1]
+    return out[0].masked_fill(hidden, float("nan")), out[1].masked_fill(hidden, float("nan"))
 
 
 def induction_scores(model, *, length: int | None = None, n: int = 8, seed: int = 0) -> torch.Tensor:
-    """[L, H] mean attention from each second-copy position i to i - length + 1; NaN on a layer whose
-    sliding window hides that key (window < length: 0 by the mask, not a measurement)."""
-    length = probe_length(model, length)
-    tokens = repeated_random_tokens(model, length, n, seed)
-    start = tokens.shape[1] - 2 * length  # 1 with a prefix token
-    pat = attention_patterns(model, tokens)  # [L, b, H, q, k]
-    q = torch.arange(start + length, start + 2 * length)  # second copy
-    scores = pat[..., q, q - length + 1].mean((1, 3))  # [L, H]
-    hidden = torch.stack([~visible_keys(length - 1, 0, w) for w in layer_windows(model)])  # [L] key length - 1 back
-    return scores.masked_fill(hidden[:, None], float("nan"))
+    """[L, H] induction_probe's repeat minus its control: attention to the token after the earlier occurrence beyond
+    what the same offset gets without a repeat (NaN where unmeasurable)."""
+    repeat, control = induction_probe(model, length=length, n=n, seed=seed)
+    return repeat - control
 
 
-def label(row: pd.Series) -> str:
-    """One role name per head: induction, previous-token, self (positional at offset 0: each query's
-    most-attended key is itself), positional (another fixed offset), sink, or other (first that applies)."""
-    if row["induction"] >= ROLE_THRESHOLDS["induction"]:
+def label(row: pd.Series, *, decoder: bool = True) -> str:
+    """One role name per head: induction (its excess over the control; never on a decoder's layer 0, module
+    docstring), previous-token, self (positional at offset 0: each query's most-attended key is itself), positional
+    (another fixed offset), sink, or other (first that applies)."""
+    if row["induction"] >= ROLE_THRESHOLDS["induction"] and not (decoder and int(row["layer"]) == 0):
         return "induction"
     if row["previous_token"] >= ROLE_THRESHOLDS["previous_token"]:
         return "previous-token"
@@ -134,16 +173,20 @@ def head_roles(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None 
     """Role scores of every head on `tokens` (plus induction on repeated random tokens) and a label.
 
     Columns: layer, head, positional, positional_offset, sink, previous_token, confidence,
-    induction (NaN: the layer's window hides the probe's key), role, window (the layer's sliding
+    induction (repeat minus control; NaN: the layer's window does not hold the probe's key well inside it),
+    induction_repeat, induction_control (induction_probe), role, window (the layer's sliding
     window, NaN for a global layer), induction_length (the probe's repeat length), induction_cut (True
     where the windows shortened the default probe), longest_prompt (the longest row's real tokens: a
     window at least that long hides no key from any query of these prompts).
     """
     df = pattern_scores(model, tokens, attention_mask)
     length = probe_length(model, induction_length)
-    ind = induction_scores(model, length=length, n=n_induction, seed=seed)
+    repeat, control = induction_probe(model, length=length, n=n_induction, seed=seed)
+    ind = repeat - control
     df["induction"] = [float(ind[l, h]) for l, h in zip(df["layer"], df["head"])]
-    df["role"] = df.apply(label, axis=1)
+    df["induction_repeat"] = [float(repeat[l, h]) for l, h in zip(df["layer"], df["head"])]
+    df["induction_control"] = [float(control[l, h]) for l, h in zip(df["layer"], df["head"])]
+    df["role"] = df.apply(label, axis=1, decoder=not model.facts.is_encoder)
     windows = layer_windows(model)
     df["window"] = [float(windows[l]) if windows[l] else float("nan") for l in df["layer"]]
     df["induction_length"] = length

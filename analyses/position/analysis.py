@@ -55,7 +55,7 @@ from headscope.analyses.position import prompts
 from headscope.analyses.position import records as rec
 from headscope.analyses.position.prompts import PositionSweep
 from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, run_encoder_sweeps
-from headscope.analyses.position.sinks import layer_sinks, sink_rows, uniform_baseline
+from headscope.analyses.position.sinks import distinct_inputs, layer_sinks, sink_rows, uniform_baseline
 from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
 from headscope.errors import ConfigError, InputTypeError
 from headscope.hooks.edits import edits_discarded
@@ -400,6 +400,20 @@ def _window(cfg: PositionConfig, prompt_len: int) -> int | None:
     return prompt_len // 2 if cfg.window is None else (cfg.window or None)
 
 
+def _streaming_idle(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep]) -> str | None:
+    """Review 17c C6: why the StreamingLLM masks would change nothing, or None. Where every layer already slides over
+    at most as many keys as the streaming window, the window keeps every key the model sees and the sinks it adds lie
+    outside the model's own window: full, sinks + window and window alone are one computation."""
+    windows = layer_windows(model)
+    stream = sorted({w for w in (_window(cfg, sw.prompt_len) for sw in sweeps) if w})
+    if not stream or not windows or not all(windows) or stream[0] < max(windows):
+        return None
+    said = f"{stream[0]}" if len(stream) == 1 else f"{stream[0]}-{stream[-1]}"
+    return (f"the streaming (sinks + window) masks: every layer already slides over {max(windows)} keys, no more than "
+            f"the streaming window ({said} keys), which keeps every key the model sees, and the sinks it adds lie "
+            "outside the model's own window, so masking would change nothing by construction")
+
+
 def _clean(x: Any) -> Any:
     """NaN -> None so that summary.json stays valid JSON."""
     return None if isinstance(x, float) and not math.isfinite(x) else x
@@ -429,6 +443,9 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     if not_run:  # review 16d A6: the StreamingLLM masks would mask nothing; the sweep runs without them
         cfg = replace(cfg, window=0)
         not_run = f"the streaming (sinks + window) masks: {not_run}, so masking would change nothing"
+    if not not_run and not encoder:
+        not_run = _streaming_idle(model, cfg, sweeps)
+        cfg = replace(cfg, window=0) if not_run else cfg
     n_sink = cfg.n_sink or (1 if task == "zoo_kv" or encoder else 4)  # an encoder's sink is its [CLS], the first token
     if encoder:
         outs = run_encoder_sweeps(model, sweeps, n_sink=n_sink, batch_size=cfg.batch_size, progress=cfg.progress)
@@ -456,13 +473,20 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     flat = None if slopes is None or encoder else torch.tensor(  # the uniform share beside ALiBi's, for the words
         [[uniform_baseline(sw.prompt_len, n_sink, window=w, rows=sink_rows(sw.prompt_len, n_sink, w)) for w in windows]
          for sw in sweeps], dtype=torch.float64)
+    # review 17c B1: examples whose measured queries read the same tokens are copies of one input, not samples
+    read = [sink_rows(sw.prompt_len, n_sink, w, causal=not encoder) for sw in sweeps for w in windows]
+    rows_of = [[read[i * len(windows) + j] for i in range(len(sweeps))] for j in range(len(windows))]  # [layer][example]
+    grouped = [distinct_inputs([sw.tokens for sw in sweeps], r) for r in rows_of]
+    groups = torch.tensor([g for g, _ in grouped]).T  # [examples, layer]
+    reads = [max(int(r.max()) + 1 for r in rs) for rs in rows_of]
     per_layer = layer_sinks(torch.stack([o.sink_mass.double().mean((0, 2)) for o in outs]),  # [examples, layer]
-                            uniform, flat)  # over examples, the kv analysis's sink criterion
+                            uniform, flat, None if encoder else groups, None if encoder else reads)  # kv's sink criterion
     sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer,
                           "baseline": [e["baseline"] for e in per_layer],
                           "ci_low": [(e["ci"] or [math.nan])[0] for e in per_layer],
                           "ci_high": [(e["ci"] or [math.nan, math.nan])[1] for e in per_layer],
-                          "ratio": [e["ratio"] for e in per_layer], "sink": [e["sink"] for e in per_layer]})
+                          "ratio": [e["ratio"] for e in per_layer], "sink": [e["sink"] for e in per_layer],
+                          **({} if encoder else {"n_distinct": [e["n_distinct"] for e in per_layer]})})
     span_share = float(sum(float((sw.gold_spans[:, 1] - sw.gold_spans[:, 0]).float().mean()) / sw.prompt_len
                            for sw in sweeps) / len(sweeps))
     heads, tracked = head_tracking(gold, obs, metrics=("cosine",) if encoder else ("accuracy", "logprob"),

@@ -124,7 +124,23 @@ def streaming_attention(model: Any, *, n_sink: int, window: int, keep_sinks: boo
 SINK_RATIO = 1.5  # a layer is a sink when its mass is at least this many times the uniform share ...
 
 
-def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor, flat: torch.Tensor | None = None) -> list[dict[str, Any]]:
+def distinct_inputs(tokens: list[torch.Tensor], rows: list[torch.Tensor]) -> tuple[list[int], int]:
+    """(each example's group, the number of groups): examples whose measured query rows read the same tokens. tokens:
+    each example's [n_pos, pos] prompts; rows: the query positions its mass averages (sink_rows). A query reads only
+    the tokens up to itself, so two examples whose prompts agree up to their last measured row give the same mass: copies
+    of one input, not independent samples (review 17c B1: on a window of 12 only queries 4-11 see the first token, and
+    every default json_kv prompt opens with the same instruction)."""
+    keys: dict[bytes, int] = {}
+    groups = []
+    for t, r in zip(tokens, rows):
+        upto = int(r.max()) + 1 if len(r) else 0
+        key = f"{t.shape[0]},{upto}:".encode() + t[:, :upto].contiguous().cpu().numpy().tobytes()
+        groups.append(keys.setdefault(key, len(keys)))
+    return groups, len(keys)
+
+
+def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor, flat: torch.Tensor | None = None,
+                groups: torch.Tensor | None = None, read: list[int] | None = None) -> list[dict[str, Any]]:
     """Per layer, the sink mass over examples against the uniform share, with the one sink criterion
     the kv and position findings share. mass [examples, layer]: each example's mean (over heads and
     query rows) mass on the sinks; uniform [examples] (every layer alike) or [examples, layer] (each
@@ -134,7 +150,10 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor, flat: torch.Tensor | 
     (of the paired mean mass - uniform), "ratio" (mass / uniform), "n", "sink"}: sink = ratio >=
     SINK_RATIO and the excess's interval above 0 (n >= 2; with one example, the ratio alone). flat: where
     `uniform` is ALiBi's baseline, the uniform share itself, shaped as uniform, recorded as "uniform_share" for the words
-    (records before review 16cv B2 named the baseline "uniform" and the uniform share "flat": record_shares reads both)."""
+    (records before review 16cv B2 named the baseline "uniform" and the uniform share "flat": record_shares reads both).
+    groups: [examples, layer] ints, examples that are copies of one input on that layer (distinct_inputs): the
+    intervals are over the distinct inputs' means, "n_distinct" records how many, and with one there is no interval
+    (the ratio alone decides, as with one example); read: each layer's tokens the measured queries read, recorded."""
     mass, uniform = mass.double(), uniform.double()
     if uniform.dim() == 1:
         uniform = uniform[:, None].expand_as(mass)  # [examples, layer]
@@ -142,19 +161,28 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor, flat: torch.Tensor | 
         flat = flat[:, None].expand_as(mass)
     n = mass.shape[0]
 
-    def interval(x: torch.Tensor) -> list[float] | None:  # x [examples]; torch's sd and mean, as the table's
-        if n < 2:
+    def interval(x: torch.Tensor) -> list[float] | None:  # x [examples or distinct inputs]; torch's sd and mean
+        if len(x) < 2:
             return None
-        half = t_half_width(float(x.std()), n)
+        half = t_half_width(float(x.std()), len(x))
         return [float(x.mean()) - half, float(x.mean()) + half]
+
+    def group_means(x: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:  # [examples] -> [distinct inputs]
+        if g is None:
+            return x
+        return torch.stack([x[g == k].mean() for k in torch.unique(g)])
 
     out = []
     for layer in range(mass.shape[1]):
+        g = None if groups is None else torch.as_tensor(groups)[:, layer]
         m, u = float(mass[:, layer].mean()), float(uniform[:, layer].mean())
-        excess = interval(mass[:, layer] - uniform[:, layer])
+        dm, du = group_means(mass[:, layer], g), group_means(uniform[:, layer], g)
+        k = len(dm)
+        excess = interval(dm - du) if k > 1 else None
         ratio = m / u if u > 0 else float("inf")
-        out.append({"layer": layer, "mass": m, "baseline": u, "ci": interval(mass[:, layer]), "excess_ci": excess,
+        out.append({"layer": layer, "mass": m, "baseline": u, "ci": interval(dm) if k > 1 else None, "excess_ci": excess,
                     "ratio": ratio, "n": n, "sink": bool(ratio >= SINK_RATIO and (excess is None or excess[0] > 0)),
+                    **({} if g is None else {"n_distinct": k}), **({} if read is None else {"read_tokens": read[layer]}),
                     **({} if flat is None else {"uniform_share": float(flat[:, layer].double().mean())})})
     return out
 

@@ -566,3 +566,24 @@ def test_the_best_of_several_probe_layers_is_tested_bonferroni_corrected():
         assert entry["correction"] == "bonferroni" and entry["n_compared"] == 3
     one = chance.from_summary({**probe, "accuracy_per_layer": {"0": 10 / 39}})  # one layer: nothing chosen
     assert one["at_chance"] is False and "correction" not in one
+
+
+def test_a_mean_near_zero_from_strong_preferences_that_cancel_says_so():
+    """Review 17c B2 (StarCoder2 on recall: late rows +2.56, early -1.04, middle -0.87, mean 0.0997, mean |ld| 1.77):
+    "at chance ... (no preference between the answer and the wrong answer)" claimed no preference where the rows have
+    strong ones that cancel. Hand values: 12 rows +2.5, 14 rows -1.0, 14 rows -0.9: mean 0.085 (at chance), mean
+    |difference| 56.6 / 40 = 1.415, 26 rows at |1| or beyond; the sentence says "no preference on average" and gives
+    that size. Rows all near 0 get no such words."""
+    from headscope.reports.findings import chance_sentence
+
+    values = np.array([2.5] * 12 + [-1.0] * 14 + [-0.9] * 14)
+    entry = chance.assess(values, "logit_diff")
+    assert entry["at_chance"] and entry["mean"] == pytest.approx(3.4 / 40)
+    assert entry["mean_abs"] == pytest.approx(56.6 / 40) and entry["n_strong"] == 26
+    text = chance_sentence({**entry, "task": "recall"})
+    assert ("(logit difference 0.085 against chance 0 (no preference on average between the answer and the wrong "
+            "answer), 95% CI [") in text, text
+    assert "mean |logit difference| 1.42, 26 of 40 rows at +-1 or beyond: strong preferences either way that cancel on " \
+           "average); relative findings are not reported." in text, text
+    quiet = chance.assess(np.array([0.05, -0.04, 0.03, -0.02, 0.01, -0.03, 0.02, -0.01]), "logit_diff")
+    assert quiet["mean_abs"] == pytest.approx(0.0262, abs=1e-4) and "mean |logit" not in chance_sentence(quiet)

@@ -22,7 +22,7 @@ from headscope.analyses.heads import importance as hi
 from headscope.analyses.heads import l0 as heads_l0
 from headscope.analyses.heads import numerics
 from headscope.analyses.heads import pruning as hp
-from headscope.analyses.heads.roles import head_roles, repeated_random_tokens
+from headscope.analyses.heads.roles import control_tokens, head_roles, repeated_random_tokens
 from headscope.errors import ConfigError
 from headscope.execution import batching, resume
 from tests_support import N_WORDS, SPECIALS, hf_model, random_tokens, word_tokenizer, zero_head
@@ -976,6 +976,9 @@ def test_head_roles_equal_scores_from_hf_attentions(tiny_dirs, tiny_models):
         att = [a.numpy() for a in hf(tokens, output_attentions=True).attentions]  # [b, H, q, k] per layer
         rep = repeated_random_tokens(model, 6, 3, seed=1)
         att_rep = [a.numpy() for a in hf(rep, output_attentions=True).attentions]
+        ctl = control_tokens(model, 6, 3, seed=1)  # the same shape and positions, no repeat
+        att_ctl = [a.numpy() for a in hf(ctl, output_attentions=True).attentions]
+    assert (ctl[:, 1:7] != ctl[:, 7:13]).any(1).all() and (ctl[:, 0] == rep[:, 0]).all()
     for layer in range(2):
         for head in range(4):
             a = att[layer][:, head]
@@ -989,19 +992,23 @@ def test_head_roles_equal_scores_from_hf_attentions(tiny_dirs, tiny_models):
             assert row["positional"] == pytest.approx(count / len(qs))
             r = att_rep[layer][:, head]  # [n, q, k]; prefix <bos>, copies at 1..6 and 7..12
             ind = np.mean([r[b, i, i - 6 + 1] for b in range(3) for i in range(7, 13)])
-            assert row["induction"] == pytest.approx(ind, abs=1e-5)
+            c = np.mean([att_ctl[layer][b, head, i, i - 6 + 1] for b in range(3) for i in range(7, 13)])
+            assert row["induction_repeat"] == pytest.approx(ind, abs=1e-5)
+            assert row["induction_control"] == pytest.approx(c, abs=1e-5)
+            assert row["induction"] == pytest.approx(ind - c, abs=1e-5)  # review 17c A1: the excess over the control
 
 
 def test_sliding_window_roles_score_sink_over_queries_that_see_it_and_fit_induction_in_the_window(arch_dirs, arch_models):
     """Review 9a A2 on Gemma 2 (layer 0 slides over 8 keys, layer 1 global): sink averages over the
-    queries within 7 of the first token on layer 0 (all queries on layer 1), induction repeats 8 tokens
-    (not 24, read through the mask as 0) and a probe longer than the window is NaN, not 0."""
+    queries within 7 of the first token on layer 0 (all queries on layer 1), induction repeats 4 tokens
+    (not 24, read through the mask as 0, nor 8, whose key is the window's oldest: review 17c A1) and a probe
+    that does not fit well inside the window is NaN, not 0."""
     from headscope.reports.heads_words import finding
 
     model, tokens = arch_models("gemma2"), random_tokens(2, 14, seed=4)
     roles = head_roles(model, tokens, n_induction=2, seed=1)
     hf = hf_model(arch_dirs["gemma2"])
-    rep = repeated_random_tokens(model, 8, 2, seed=1)  # <bos>, copies at 1..8 and 9..16
+    rep = repeated_random_tokens(model, 4, 2, seed=1)  # <bos>, copies at 1..4 and 5..8
     with torch.no_grad():
         att = [a.numpy() for a in hf(tokens, output_attentions=True).attentions]  # [b, H, q, k] per layer
         att_rep = [a.numpy() for a in hf(rep, output_attentions=True).attentions]
@@ -1010,10 +1017,13 @@ def test_sliding_window_roles_score_sink_over_queries_that_see_it_and_fit_induct
             row = roles.loc[(roles["layer"] == layer) & (roles["head"] == head)].iloc[0]
             sink = np.mean([att[layer][b, head, q, 0] for b in range(2) for q in range(1, last_seeing + 1)])
             assert row["sink"] == pytest.approx(sink, abs=1e-5)
-            ind = np.mean([att_rep[layer][b, head, i, i - 7] for b in range(2) for i in range(9, 17)])
-            assert row["induction"] == pytest.approx(ind, abs=1e-5) and ind > 0.01
+            ind = np.mean([att_rep[layer][b, head, i, i - 3] for b in range(2) for i in range(5, 9)])
+            assert row["induction_repeat"] == pytest.approx(ind, abs=1e-5) and ind > 0.01
     assert att[0][0, 0, 9, 0] == 0.0  # the mask: query 9 cannot see key 0 on layer 0
     assert roles["window"].tolist()[:4] == [8.0] * 4 and roles["window"].iloc[4:].isna().all()
+    assert (roles["induction_length"] == 4).all()
+    edge = head_roles(model, tokens, induction_length=8, n_induction=2, seed=1)  # its key 7 back: the window's oldest
+    assert edge.loc[edge.layer == 0, "induction"].isna().all() and edge.loc[edge.layer == 1, "induction"].notna().all()
     long = head_roles(model, tokens, induction_length=10, n_induction=2, seed=1)
     assert long.loc[long.layer == 0, "induction"].isna().all() and long.loc[long.layer == 1, "induction"].notna().all()
     summary = {"n_layers": 2, "roles": {}, **heads.role_windows(long)}
@@ -1026,6 +1036,41 @@ def test_sliding_window_roles_score_sink_over_queries_that_see_it_and_fit_induct
     assert "sink is scored over the queries that can see the first token" in finding(
         {"n_layers": 2, "roles": {}, **heads.role_windows(roles)})
     assert roles["induction_cut"].all() and (roles["longest_prompt"] == 14).all()
+
+
+def test_induction_is_an_excess_over_a_no_repeat_control_and_never_on_layer_0(arch_models, monkeypatch):
+    """Review 17c A1 (StarCoder2, windows of 12: the probe repeated 12 tokens, so its key was each query's oldest
+    visible key, which four layer-0 heads attend to on any tokens; "5 induction" heads). Hand case on Mistral's
+    window of 8 with patterns written by hand: head 0 puts all of each query's attention on the window's oldest
+    key (q - 7, or the first token), head 1 on the token after the latest earlier occurrence of the query's token
+    (itself where there is none), in both layers. Closed form: the probe repeats 4 tokens (8 // 2, reading 3 back),
+    head 0 scores 0 with and without a repeat (excess 0, no role), head 1 scores 1 on the repeat and 0 on the control
+    (excess 1): induction in layer 1, never in layer 0. The old probe (length 8, key 7 back) gave head 0 a score of 1
+    and the label induction in both layers."""
+    from headscope.analyses.heads import roles as hr
+
+    model, window = arch_models("mistral"), 8
+
+    def patterns(model, tokens, attention_mask=None):  # [L, b, H, q, k]: two heads, two layers
+        b, n = tokens.shape
+        pat = torch.zeros(2, b, 2, n, n)
+        for row in range(b):
+            for q in range(n):
+                pat[:, row, 0, q, max(q - window + 1, 0)] = 1.0
+                earlier = [k for k in range(q) if tokens[row, k] == tokens[row, q]]
+                pat[:, row, 1, q, earlier[-1] + 1 if earlier else q] = 1.0
+        return pat
+
+    monkeypatch.setattr(hr, "attention_patterns", patterns)
+    roles = head_roles(model, random_tokens(2, 12, seed=3), n_induction=3, seed=2).set_index(["layer", "head"])
+    assert (roles["induction_length"] == 4).all()
+    for layer in (0, 1):
+        assert roles.loc[(layer, 0), ["induction_repeat", "induction_control", "induction"]].tolist() == [0.0, 0.0, 0.0]
+        assert roles.loc[(layer, 1), ["induction_repeat", "induction_control", "induction"]].tolist() == [1.0, 0.0, 1.0]
+        assert roles.loc[(layer, 0), "role"] != "induction"
+    assert roles.loc[(0, 1), "role"] != "induction" and roles.loc[(1, 1), "role"] == "induction"
+    old = head_roles(model, random_tokens(2, 12, seed=3), induction_length=8, n_induction=3, seed=2)
+    assert old.loc[old.layer == 0, "induction"].isna().all()  # the window's edge: not measurable, not 1.0
 
 
 def test_windows_that_bind_on_no_prompt_give_no_window_sentence(arch_models):

@@ -340,6 +340,66 @@ def test_layer_sinks_interval_and_criterion_by_hand():
     assert wide[0]["ratio"] == pytest.approx(2.5) and wide[0]["excess_ci"][0] < 0 and not wide[0]["sink"]
 
 
+def test_sink_intervals_are_over_distinct_inputs_and_absent_over_copies(arch_models):
+    """Review 17c B1 (StarCoder2, window 12: only queries 4-11 see the first token, and the 4 default json_kv prompts
+    open with one instruction, so the 4 examples gave one mass each and a zero-width interval "0.59 [0.59, 0.59]").
+    By hand: 4 examples in 2 groups of copies give the t interval of the 2 group means (scipy); one group gives no
+    interval. End to end on Mistral (window 8, 4 sinks: queries 4-7 measured, reading tokens 0-7): 3 examples that
+    share their first 8 tokens and differ after are 1 distinct input on both layers, no interval, and the finding
+    says so instead of an interval of width 0."""
+    from scipy import stats
+
+    from headscope.analyses.position.sinks import distinct_inputs, layer_sinks
+    from headscope.reports.plots_position import finding
+    from tests_support import random_tokens
+
+    mass = torch.tensor([[0.30], [0.30], [0.52], [0.52]], dtype=torch.float64)  # [examples, layer]: two pairs of copies
+    uniform = torch.full((4,), 0.2, dtype=torch.float64)
+    got = layer_sinks(mass, uniform, groups=torch.tensor([[0], [0], [1], [1]]))[0]
+    ci = stats.ttest_1samp([0.30, 0.52], 0).confidence_interval()
+    assert got["ci"] == pytest.approx([ci.low, ci.high]) and got["n_distinct"] == 2 and got["n"] == 4
+    one = layer_sinks(mass[:2], uniform[:2], groups=torch.zeros(2, 1, dtype=torch.long))[0]
+    assert one["ci"] is None and one["excess_ci"] is None and one["n_distinct"] == 1
+
+    base = random_tokens(1, 12, seed=7)
+    sweeps = []
+    for seed in (1, 2, 3):  # the same first 8 tokens, different last 4
+        t = base.clone()
+        t[:, 8:] = random_tokens(1, 5, seed=seed)[:, 1:]
+        sweeps.append(pp.PositionSweep(tokens=t, gold_spans=torch.tensor([[9, 10]]), positions=(1,), n_items=3,
+                                       answer_ids=torch.tensor([7]), answers=("x",)))
+    assert distinct_inputs([sw.tokens for sw in sweeps], [torch.arange(4, 8)] * 3) == ([0, 0, 0], 1)
+    assert distinct_inputs([sw.tokens for sw in sweeps], [torch.arange(4, 12)] * 3)[1] == 3
+    s = position_bias(arch_models("mistral"), sweeps, n_boot=20, window=0, generate=False).summary
+    assert [(r["n_distinct"], r["read_tokens"], r["ci"]) for r in s["sinks"]] == [(1, 8, None), (1, 8, None)]
+    text = finding(s)
+    assert ("On layers 0-1 the queries measured read only the first 8 tokens, the same in all 3 examples: 3 copies of "
+            "one input, not independent samples, so no interval is given and the verdict rests on the ratio alone.") \
+        in text, text
+    assert "95% CI" not in text.split("No layer")[0] and "[" not in text.split("No layer")[0]
+
+
+def test_streaming_windows_no_narrower_than_the_models_own_are_not_run(arch_models):
+    """Review 17c C6 (StarCoder2, window 12, streaming windows of 112-113 keys: full, sinks + window and window gave
+    -67.81097 each, by construction). On Mistral (window 8 on every layer) the default streaming window is half the
+    prompt: 10 on 20-token prompts keeps every key the model sees, so the masks are not run and not_run says why;
+    6 on 12-token prompts is narrower, so they run."""
+    from tests_support import random_tokens
+
+    def sweep(n):
+        return pp.PositionSweep(tokens=random_tokens(1, n, seed=n), gold_spans=torch.tensor([[n - 3, n - 2]]),
+                                positions=(1,), n_items=3, answer_ids=torch.tensor([7]), answers=("x",))
+
+    res = position_bias(arch_models("mistral"), [sweep(20)], n_boot=20, generate=False)
+    assert "streaming" not in res.summary and not len(res.tables["masked"])
+    assert res.summary["not_run"] == (
+        "the streaming (sinks + window) masks: every layer already slides over 8 keys, no more than the streaming "
+        "window (10 keys), which keeps every key the model sees, and the sinks it adds lie outside the model's own "
+        "window, so masking would change nothing by construction")
+    short = position_bias(arch_models("mistral"), [sweep(12)], n_boot=20, generate=False)
+    assert short.summary["streaming"]["window"] == 6 and "not_run" not in short.summary
+
+
 def test_uniform_share_of_a_sliding_window_layer_by_hand():
     """Review 6 A5: a layer that sees only its last `window` keys has its own uniform share, n_sink over
     the keys in its window while the sinks are in it, 0 after; the shared criterion uses each layer's."""

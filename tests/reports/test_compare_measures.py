@@ -317,3 +317,29 @@ def test_compare_top_sites_table_says_a_site_one_run_never_patched_is_blank_for_
     page, _ = patching_section(a, b)
     assert "<em>(did not patch attn_out: its time budget cut patching&#x27;s sites to resid_pre)</em>" in page, page
     assert "its summary lists 0" not in page
+
+
+def test_sink_values_from_copies_of_one_input_are_not_beyond_noise():
+    """Review 17c C5: tr_bf16 vs tr_f32 (one StarCoder2, window 12, two dtypes) had position sink intervals of width 0
+    (4 and 8 examples, copies of one input over the queries measured: review 17c B1), so bfloat16 rounding (0.593455 vs
+    0.591514) was listed "beyond noise". Such a record (an older summary's zero-width interval over n >= 2, or a new
+    one's n_distinct 1) has no interval: not compared, and never beyond noise."""
+    from headscope.reports.compare_measures import sink_note
+
+    def rec(layer, mass, n, **extra):
+        return {"layer": layer, "mass": mass, "baseline": 0.51, "ci": [mass, mass], "ratio": mass / 0.51, "n": n,
+                "sink": False, **extra}
+
+    sa = {"n_sink": 4, "sinks": [rec(0, 0.593455, 4), rec(1, 0.498602, 4), rec(2, 0.543880, 4)]}
+    sb = {"n_sink": 4, "sinks": [rec(0, 0.591514, 8), rec(1, 0.498598, 8), rec(2, 0.543301, 8)]}
+    line = sink_note(sa, sb, name="position")[0]
+    assert ": beyond noise" not in line and line.startswith("(not compared) position attention on the first 4 tokens")
+    assert ("not compared (layers 0, 1, 2: a run's examples are copies of one input over the queries measured, so it "
+            "has no interval; a difference there is not judged against noise): layer 0 A 0.59, B 0.59") in line
+    new = {"n_sink": 4, "sinks": [{**rec(0, 0.5935, 4, n_distinct=1), "ci": None}]}
+    assert "copies of one input" in sink_note(new, {"n_sink": 4, "sinks": [rec(0, 0.30, 4, ci=[0.2, 0.4])]},
+                                              name="position")[0]
+    # distinct examples with a real interval are still judged: 0.30 [0.29, 0.31] vs 0.50 [0.49, 0.51] is beyond noise
+    wide = sink_note({"n_sink": 4, "sinks": [{**rec(0, 0.30, 4), "ci": [0.29, 0.31]}]},
+                     {"n_sink": 4, "sinks": [{**rec(0, 0.50, 4), "ci": [0.49, 0.51]}]}, name="position")[0]
+    assert "beyond noise" in wide and "copies" not in wide

@@ -938,6 +938,33 @@ def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
         plt.close("all")
 
 
+def test_kv_eviction_marks_a_sliding_caches_cap_not_the_longest_context():
+    """Review 17c C2 (StarCoder2, every layer over 12 keys, contexts up to 59): the dotted "saves nothing" line stood at
+    the longest context (59), while each layer's cache holds at most 11 positions (window - 1), so budgets 16, 32 and
+    59 all evicted nothing. With every layer sliding the line is at 11; with a global layer (or no windows recorded)
+    it stays at the longest context."""
+    from headscope.reports.plots_kv import eviction_cap, plot_eviction
+
+    rows = [{"policy": "full", "budget": 59, "example": e, "context": c, "cached": 33.0, "kept": 33.0, "metric": m}
+            for e, (c, m) in enumerate(((43, 0.6), (11, -1.4)))]
+    rows += [{"policy": "window", "budget": 4, "example": e, "context": c, "cached": 33.0, "kept": 12.0, "metric": m}
+             for e, (c, m) in enumerate(((43, 0.1), (11, -1.0)))]
+    norms = pd.DataFrame({"layer": [0, 1, 2], "position": 0, "norm": 1.0})
+    every = {"metric": "logit_diff", "sliding_windows": {"0": 12, "1": 12, "2": 12}, "sink_mass_per_layer": [0.1] * 3}
+    mixed = {**every, "sliding_windows": {"0": 12, "2": 12}}
+    assert eviction_cap(_result("kv", pd.DataFrame(rows), every)) == 11
+    assert eviction_cap(_result("kv", pd.DataFrame(rows), mixed)) is None
+    try:
+        for summary, x, label in ((every, 11, "the cache's cap (11:\nsliding window - 1)"),
+                                  (mixed, 59, "longest context (59)")):
+            result = _result("kv", pd.DataFrame(rows), summary, norms=norms)
+            ax = plot_eviction(result.df, metric="logit_diff", ax=plt.subplots()[1], cap=eviction_cap(result))
+            [dotted] = [li for li in ax.get_lines() if li.get_linestyle() == ":"]
+            assert list(dotted.get_xdata()) == [x, x] and dotted.get_label() == label
+    finally:
+        plt.close("all")
+
+
 def test_kv_eviction_draws_a_policy_within_one_rounding_step_of_a_later_one_visibly():
     """Review 15a C5: heavy hitters' mean change was within one bfloat16 step (2^-7 = 0.0078 for metrics under 1) of
     the window's at every budget, its circles hidden under the window's diamonds. By hand: two prompts of context 8,
@@ -1861,6 +1888,30 @@ def test_roles_hatch_the_induction_cells_a_sliding_window_makes_unmeasurable():
         slid = plot_roles(roles.assign(window=[5.0 if l == 0 else float("nan") for l in roles.layer]))
         assert "layer 0 slides over 5 keys (uniform max weight >= 1/5)" in slid.get_title()
         assert "over 5 keys" not in plain.get_title()
+    finally:
+        plt.close("all")
+
+
+def test_roles_are_not_muted_as_task_noise_at_chance():
+    """Review 17c B3: at chance the roles map was titled "AT CHANCE: muted colours (noise, not task behaviour)" while the
+    heads finding named the roles: role scores are attention statistics on the prompts and random tokens, not the task's
+    answers, so the map keeps its colours and title; the at-chance maps (importance) stay muted."""
+    from headscope.reports.plots_heads import figures
+
+    roles = pd.DataFrame([{"layer": l, "head": h, "positional": 0.1, "sink": 0.2, "previous_token": 0.9 * (h == 0),
+                           "induction": 0.0, "confidence": 0.5} for l in range(2) for h in range(2)])
+    df = pd.DataFrame([{"layer": l, "head": h, "method": "zero", "importance": 0.01 * (l + h)}
+                       for l in range(2) for h in range(2)])
+    summary = {"metric": "logit_diff", "baseline_metric": 0.01, "chance": {"at_chance": True, "metric": "logit_diff"}}
+    try:
+        figs = figures(_result("heads", df, summary, roles=roles))
+        title = figs["roles"].axes[0].get_title()
+        assert "AT CHANCE" not in title and "noise" not in title, title
+        mesh = figs["roles"].axes[0].collections[0]
+        alone = figures(_result("heads", df, {**summary, "chance": None}, roles=roles))["roles"].axes[0].collections[0]
+        assert np.allclose(mesh.get_facecolors(), alone.get_facecolors())  # the same colours as above chance
+        assert "AT CHANCE" in figs["importance"].axes[0].get_title() or any(
+            "AT CHANCE" in t.get_text() for ax in figs["importance"].axes for t in ax.texts + [ax.title])
     finally:
         plt.close("all")
 
@@ -2951,11 +3002,37 @@ def test_attribution_figures_say_when_the_finding_withholds_what_they_draw():
                 if said is None:
                     assert "not read" not in title.lower() and "caveat" not in title and "Not read" not in text
                     continue
-                assert said in title, (stem, title)
+                assert said in " ".join(title.split("\n")), (stem, title)  # a title may be wrapped to its axes
                 assert text.startswith("Not read: the finding withholds" if entry is at else "Read with a caveat")
                 if entry is at:
                     assert fig.axes[0].title.get_color() == MUTED
                     assert "intervals clear of 0 here are not findings" in text
+    finally:
+        plt.close("all")
+
+
+def test_token_heatmap_colour_bar_label_stays_clear_of_a_three_line_title():
+    """Review 17c C1: at chance on a sliding-window model the heatmap's title has three lines (the hatch note, the
+    at-chance note), wider than the map, and the colour bar's vertical label "share of importance (0-1)" ran up into
+    them ("mask)" and "(0-1)" overprinted). Drawn: the label's box and the title's do not overlap, the label is no
+    taller than its bar, and its words are the same, none broken."""
+    from headscope.reports.plots_attribution import figures
+
+    at = {"at_chance": True, "below_chance": False, "metric": "logit_diff", "mean": 0.02, "chance_value": 0.0,
+          "ci": [-0.3, 0.34], "n_examples": 4, "task": "recall"}
+    result = _attribution_result(at)
+    result.tables["scores"]["masked"] = (result.tables["scores"]["method"] == "last_layer") & (
+        result.tables["scores"]["position"] == 1)
+    try:
+        fig = figures(result)["token_heatmap"]
+        ax, bar = fig.axes[0], fig.axes[1]
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        label = bar.yaxis.label
+        assert "sliding window" in ax.get_title() and "not read" in ax.get_title()
+        assert not label.get_window_extent(renderer).overlaps(ax.title.get_window_extent(renderer))
+        assert label.get_window_extent(renderer).height <= bar.get_window_extent(renderer).height + 0.5
+        assert label.get_text().split() == "share of importance (0-1)".split()
     finally:
         plt.close("all")
 

@@ -76,9 +76,9 @@ AT_CHANCE = {"at_chance": True, "metric": "logit_diff", "mean": -0.008, "chance_
 def test_the_chance_guard_heads_the_finding_and_drops_relative_thresholds():
     heads = {**HEADS, "baseline_metric": -0.008, "l0_min_heads_within_tolerance": 3, "chance": AT_CHANCE}
     text = finding("heads", heads)
-    assert text.startswith("The model is at chance on this task (logit difference -0.008 against chance 0 (no preference "
-                           "between the answer and the wrong answer), 95% CI [-0.05, 0.034]); relative findings are not "
-                           "reported.")
+    assert text.startswith("The model is at chance on this task (logit difference -0.008 against chance 0 (no "
+                           "preference on average between the answer and the wrong answer), 95% CI [-0.05, 0.034]); "
+                           "relative findings are not reported.")
     assert "within 1%" not in text and "can be removed" not in text and "within tolerance" not in text
     assert "2 induction (L1H0, L1H3)" in text  # absolute facts stay
     # issue 34: the unpruned metric is the chance sentence's mean (-0.008): said there once, not again
@@ -747,7 +747,7 @@ def test_an_interval_wholly_below_chance_is_called_below_chance_and_says_what_it
     below = {**AT_CHANCE, "mean": -0.9, "ci": [-1.2, -0.6], "task": "ioi"}  # no below_chance key: read from the CI
     text = finding("heads", {**HEADS, "baseline_metric": -0.9, "chance": below})
     assert text.startswith("The model is below chance on task ioi (logit difference -0.9 against chance 0 (no "
-                           "preference between the answer and the wrong answer), 95% CI [-1.2, -0.6]): worse than "
+                           "preference on average between the answer and the wrong answer), 95% CI [-1.2, -0.6]): worse than "
                            "guessing, it systematically prefers the wrong answers; relative findings are not reported.")
     assert "at chance" not in text
     lp = {"at_chance": True, "below_chance": True, "metric": "logprob", "mean": -9.0, "chance_value": -6.2146,
@@ -3117,8 +3117,9 @@ def test_below_chance_against_the_corrupted_prompts_is_a_preference_the_prompt_d
              "corrupted_ci": [-0.214, -0.038], "clean_minus_corrupted": {"mean": -0.048, "ci": [-0.11, 0.014], "n": 16},
              "prompt_independent": True}
     text = finding("heads", {**HEADS, "chance": entry})
-    assert ("The model is below chance on task succ (logit difference -0.174 against chance 0 (no preference between the "
-            "answer and the wrong answer), 95% CI [-0.25, -0.099]): below 0 by 0.17 logits, and the corrupted prompts give "
+    assert ("The model is below chance on task succ (logit difference -0.174 against chance 0 (no preference on average "
+            "between the answer and the wrong answer), 95% CI [-0.25, -0.099]): below 0 by 0.17 logits, and the corrupted "
+            "prompts give "
             "a similar -0.126 (95% CI [-0.214, -0.038]; clean minus corrupted -0.048, 95% CI [-0.11, 0.014], paired over "
             "16 prompts: within noise): a preference among the answer tokens that does not depend on the prompt, not a "
             "response to it; relative findings are not reported.") in text, text
@@ -3368,7 +3369,7 @@ def test_chance_sentence_of_a_log_probability_against_the_wrong_answers():
              "margin": {"mean": -0.538, "ci": [-1.05, -0.027], "per_token": False, "n_above": 17, "n": 40}}
     assert chance_sentence(entry, "heads") == (
         "The model is below chance on task tools (answer log-probability -2.15 against chance -1.61 (the same rows' "
-        "wrong answers' mean log-probability: no preference between the answer and the wrong answer), 95% CI [-2.59, "
+        "wrong answers' mean log-probability: no preference on average between the answer and the wrong answer), 95% CI [-2.59, "
         "-1.72], log-odds of the answer against the wrong answer -0.538, 95% CI [-1.05, -0.027], the answer ahead on "
         "17 of 40 rows): worse than guessing, it systematically prefers the wrong answers; relative findings are not "
         "reported.")

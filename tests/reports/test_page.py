@@ -224,6 +224,32 @@ def test_header_names_kv_heads_and_tied_embeddings(tmp_path, tiny_models):
     assert [_tied_embeddings(tiny_models[f]) for f in ("gpt2", "llama")] == [True, False]
 
 
+def test_header_names_the_sliding_window(tmp_path, arch_models):
+    """Review 17c C3: StarCoder2 with every layer over 12 keys read "Starcoder2ForCausalLM, 3 layers x 6 heads (2 KV
+    heads: grouped-query attention), d_model 96, tied embeddings, run in bfloat16 on cpu": nothing said that heads,
+    position, kv and attribution change their method for the window. The manifest records the windows (Mistral's
+    checkpoint: 8 on both layers, its config's sliding_window) and the header names them; a model without windows
+    gets no clause."""
+    from headscope.reports.render import md_escape
+    from headscope.reports.report import _layer_windows
+
+    base = {"name": "m", "family": "mistral", "n_layers": 2, "n_heads": 4, "d_model": 64, "n_kv_heads": 2}
+    windows = {str(l): w for l, w in enumerate(_layer_windows(arch_models("mistral"))) if w}
+    assert windows == {"0": 8, "1": 8} and not [w for w in _layer_windows(arch_models("llama3")) if w]
+    cases = [({"sliding_windows": windows}, "mistral, 2 layers x 4 heads (2 KV heads: grouped-query attention), d_model 64, "
+              "sliding-window attention (every layer over 8 keys)"),
+             ({"sliding_windows": {"0": 8}}, "mistral, 2 layers x 4 heads (2 KV heads: grouped-query attention), "
+              "d_model 64, sliding-window attention (layer 0 over 8 keys)"),
+             ({"sliding_windows": {}}, "mistral, 2 layers x 4 heads (2 KV heads: grouped-query attention), d_model 64")]
+    for i, (extra, header) in enumerate(cases):
+        root = tmp_path / str(i)
+        root.mkdir()
+        io.write_json(root / "manifest.json", {"config": {}, "model": {"name": "m"}})
+        write_report_files(root, [], {}, {**base, **extra})
+        assert f"<p>{header}." in (root / "report.html").read_text()
+        assert f"\n\n{md_escape(header)}\n" in (root / "report.md").read_text()
+
+
 def test_header_names_the_scalings_numbers_only_of_sections_that_ran(tmp_path):
     """Review 16a C2: "logits x0.125 (1/8) (the circuits and mlp numbers include them)" on a report whose circuits
     failed (KeyError). The clause names only the sections that produced results."""
