@@ -230,17 +230,19 @@ def test_header_names_the_sliding_window(tmp_path, arch_models):
     position, kv and attribution change their method for the window. The manifest records the windows (Mistral's
     checkpoint: 8 on both layers, its config's sliding_window) and the header names them; a model without windows
     gets no clause."""
+    from headscope.models.hooked_model import layer_windows
     from headscope.reports.render import md_escape
-    from headscope.reports.report import _layer_windows
+    from headscope.reports.report import model_record
 
     base = {"name": "m", "family": "mistral", "n_layers": 2, "n_heads": 4, "d_model": 64, "n_kv_heads": 2}
-    windows = {str(l): w for l, w in enumerate(_layer_windows(arch_models("mistral"))) if w}
-    assert windows == {"0": 8, "1": 8} and not [w for w in _layer_windows(arch_models("llama3")) if w]
-    cases = [({"sliding_windows": windows}, "mistral, 2 layers x 4 heads (2 KV heads: grouped-query attention), d_model 64, "
-              "sliding-window attention (every layer over 8 keys)"),
-             ({"sliding_windows": {"0": 8}}, "mistral, 2 layers x 4 heads (2 KV heads: grouped-query attention), "
-              "d_model 64, sliding-window attention (layer 0 over 8 keys)"),
-             ({"sliding_windows": {}}, "mistral, 2 layers x 4 heads (2 KV heads: grouped-query attention), d_model 64")]
+    windows = {str(l): w for l, w in enumerate(layer_windows(arch_models("mistral"))) if w}
+    assert windows == {"0": 8, "1": 8} and not [w for w in layer_windows(arch_models("llama3")) if w]
+    assert model_record(arch_models("mistral"))["attention_windows"] == windows
+    cases = [({"attention_windows": windows}, "mistral, 2 layers x 4 heads (2 KV heads: grouped-query attention), "
+              "d_model 64, every layer attends over a sliding window of 8 keys"),
+             ({"attention_windows": {"0": 8}}, "mistral, 2 layers x 4 heads (2 KV heads: grouped-query attention), "
+              "d_model 64, layer 0 attends over a sliding window of 8 keys (the others globally)"),
+             ({"attention_windows": {}}, "mistral, 2 layers x 4 heads (2 KV heads: grouped-query attention), d_model 64")]
     for i, (extra, header) in enumerate(cases):
         root = tmp_path / str(i)
         root.mkdir()
