@@ -80,7 +80,8 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
         elif e.get("worst_evicting") is not None:
             w, c = e["worst_evicting"], e.get("closest")
             shown.add(w["budget"])  # its interval and how sure are said here: not again below (review 15d C6)
-            if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
+            few = _num(w.get("ci_low")) is None  # review 17b A3: its largest budget evicts from too few prompts
+            if c is not None and not few and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest
                 c = w
             how = "above" if w["change"] > tol else "below"
             sure = clear_of(w.get("ci_low"), w.get("ci_high"), tol) == "band"  # review 14bv B1
@@ -95,6 +96,10 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             else:
                 text += ": " + (_kept(w, full, tol) if c is None or c["budget"] == w["budget"] else "") + \
                     f"{_band(w, tol)}{_answers(w, guess)}" + _how_sure(w, how, tol, s, undecided=not sure)
+                if few:
+                    text += (f"; one prompt, no interval: too few to call it within or outside {100 * tol:.0f}%"
+                             if w.get("n_evicting") == 1 else "; no interval: too few prompts to call it within or outside "
+                             f"{100 * tol:.0f}%")
             if e.get("misses"):
                 text += f"; {_misses(e, tol)}"
             earlier = [str(r["budget"]) for r in e.get("cannot_tell") or [] if r.get("budget") != w["budget"]]
