@@ -18,7 +18,8 @@ from headscope.reports.findings import _chance, _words
 def _holding_words(e: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
     """A kv policy's holding headline as its finding states it: 'from 8 positions (a median 30% of the cache)',
     'not shown to hold (its means within 1% from budget 16 on)', 'never within', 'not shown either way'
-    (kv_policy_words.missed_words; also where an older summary's consistent_from rests on one prompt), 'no budget evicts'; a budget held only by the rounding floor with its reason (review 13b C1)."""
+    (kv_policy_words.missed_words; also where an older summary's consistent_from rests on one prompt), 'no budget evicts';
+    a budget held only by the rounding floor with its reason (review 13b C1)."""
     at = e.get("at")
     if isinstance(at, Mapping) and at.get("budget") is not None:
         why = _rounding_reason(at, s or {})

@@ -44,7 +44,8 @@ policy holds, it also gives each budget's verdict, the budgets "not shown" (wher
 hold from one budget on but its largest evicting budget's mean is within: "consistent_from", the smallest
 budget from which every mean is, each over MIN_EVICTING prompts or more: a row of one prompt has no
 interval and is never within nor consistent, review 17b A3; else "worst_evicting", that largest row), its
-closest result (the evicting budget of smallest |change|) and whether |change| shrinks as the budget grows (a non-monotone curve: a small budget closer than a larger one).
+closest result (the evicting budget of smallest |change|) and whether |change| shrinks as the budget grows
+(a non-monotone curve: a small budget closer than a larger one).
 """
 from __future__ import annotations
 
@@ -209,9 +210,10 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
     chance.clear_of, "band" only where its lower bound is above +tolerance), "worst_evicting" (the largest
     evicting budget's row, when its mean is off by more than the tolerance there or it rests on fewer than
     MIN_EVICTING prompts; "never within" only where every_evicting_missed), "verdicts" ({budget: "holds" |
-    "not shown" | "above" | "below" | "cannot tell" | "no value"}), "not_shown" (the rows whose mean is within but whose interval is not), "cannot_tell" (the rows
-    whose mean is off but whose interval reaches into the band), "missed" / "every_evicting_missed" (the budgets
-    whose interval lies wholly outside the band, and whether every evicting budget's does; "missed_rows" their rows),
+    "not shown" | "above" | "below" | "cannot tell" | "no value"}), "not_shown" (the rows whose mean is within
+    but whose interval is not), "cannot_tell" (the rows whose mean is off but whose interval reaches into the
+    band), "missed" / "every_evicting_missed" (the budgets whose interval lies wholly outside the band, and whether
+    every evicting budget's does; "missed_rows" their rows),
     "rounding_held" (the rows that hold only by the rounding floor),
     "consistent_from" (when it does not hold but its means are within from a budget on, each over
     MIN_EVICTING prompts or more: that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, "no_effect"
