@@ -94,6 +94,9 @@ def _normalised_sentence(key_norm: Mapping[str, Any]) -> str:
         if dim and len(gain) == 2:
             one_plus = "gemma" in str(key_norm.get("kind", "")).lower()  # review 11b C4: stored weights near 0
             here[-1] += f": sqrt({dim:.0f}) x its {'gain |1 + weight|' if one_plus else '|weight|'} {_span2(*gain)}"
+            bias = _num(key_norm.get("bias")) or 0.0
+            if bias >= 0.005:  # review 17a A1: a bias moves the output by up to its norm either way
+                here[-1] += f", give or take its bias's norm (up to {bias:.2f})"
     measured = key_norm.get("measured") or []
     if len(measured) == 2:
         here.append(f"measured {_span2(*measured)}")

@@ -38,6 +38,21 @@ from headscope.reports.kv_policy_words import (
 )
 
 
+def _misses_but(e: Mapping[str, Any], budget: Any) -> Mapping[str, Any]:
+    """A policy's holding record without `budget` among its missed rows (the clause states that row already), for
+    _misses; `e` itself where that budget is not among them or the record keeps no missed_rows (an older summary)."""
+    rows = [r for r in e.get("missed_rows") or [] if isinstance(r, Mapping)]
+    if budget not in (e.get("missed") or []) or len(rows) != len(e.get("missed") or []):
+        return e
+    rows = [r for r in rows if r.get("budget") != budget]
+    if not rows:
+        return {**e, "missed": [], "missed_rows": [], "misses": None, "misses_diff": None}
+    return {**e, "missed": [r["budget"] for r in rows], "missed_rows": rows, "every_evicting_missed": False,
+            "misses": [min(abs(r["change"]) for r in rows), max(abs(r["change"]) for r in rows)],
+            "misses_diff": [min(abs(r["diff"]) for r in rows), max(abs(r["diff"]) for r in rows)]
+            if all(_num(r.get("diff")) is not None for r in rows) else None}
+
+
 def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list[str]:
     """The sentences of the summary's holding_budgets (analyses/kv/holding.py)."""
     tol, grid = float(hold.get("tolerance", 0.01)), hold.get("grid") or []
@@ -62,6 +77,8 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     for policy, e in (hold.get("policies") or {}).items():
         name = policy.replace("_", " ")
         shown: set[int] = set()  # budgets whose row this policy's clause already states
+        if policy == headline and isinstance(e.get("closest"), Mapping):  # review 17a B2: the headline states its
+            shown.add(e["closest"].get("budget"))  # closest row, above or below the full cache with its interval: once
         at = e.get("at")
         if at is not None:
             where = f"between {e['below']} and {e['budget']} on this grid" if e.get("below") is not None else \
@@ -80,7 +97,8 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
         elif e.get("worst_evicting") is not None:
             w, c = e["worst_evicting"], e.get("closest")
             shown.add(w["budget"])  # its interval and how sure are said here: not again below (review 15d C6)
-            if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
+            few = _num(w.get("ci_low")) is None  # review 17b A3: its largest budget evicts from too few prompts
+            if c is not None and not few and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest
                 c = w
             how = "above" if w["change"] > tol else "below"
             sure = clear_of(w.get("ci_low"), w.get("ci_high"), tol) == "band"  # review 14bv B1
@@ -95,8 +113,13 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             else:
                 text += ": " + (_kept(w, full, tol) if c is None or c["budget"] == w["budget"] else "") + \
                     f"{_band(w, tol)}{_answers(w, guess)}" + _how_sure(w, how, tol, s, undecided=not sure)
-            if e.get("misses"):
-                text += f"; {_misses(e, tol)}"
+                if few:
+                    text += (f"; one prompt, no interval: too few to call it within or outside {100 * tol:.0f}%"
+                             if w.get("n_evicting") == 1 else "; no interval: too few prompts to call it within or outside "
+                             f"{100 * tol:.0f}%")
+            rest = _misses_but(e, w["budget"])  # review 17a B2: its largest budget's fall is said above, once
+            if rest.get("misses"):
+                text += f"; {_misses(rest, tol)}"
             earlier = [str(r["budget"]) for r in e.get("cannot_tell") or [] if r.get("budget") != w["budget"]]
             if earlier:
                 text += (f"; cannot tell at budget(s) {', '.join(earlier)}"

@@ -27,6 +27,8 @@ from headscope.reports.plots import (
     LAYERS,
     axes,
     fit_labels,
+    fit_title,
+    keep_drawn_size,
     laid_out,
     quiet_reason,
     thin_xtick_labels,
@@ -68,6 +70,67 @@ def coincident(series: Mapping[str, pd.Series], step: float) -> dict[str, list[s
     return out
 
 
+CLIP_N = 3  # an interval over fewer prompts (t's 95% quantile is 12.7 for 2) never sets the eviction figure's y range
+CUT_LISTED = 4  # the legend lists at most this many cut intervals
+ZOOM_SHARE = 0.05  # the band thinner than this share of the y range: a second panel zoomed on it (reviews 17a/17b C)
+ZOOM_BANDS = (5.0, 10.0)  # the zoom's half-height in band widths: at least the first, at most the second
+
+
+def _main_limits(groups: Sequence[tuple[Any, pd.DataFrame]], band: float) -> tuple[float, float] | None:
+    """The eviction panel's y range (units): every mean, 0, the band and the 95% intervals over CLIP_N prompts or more
+    (review 17a C2: one sink-window interval over 2 prompts, [-26.2, +22.9], set a +-25 range and the band, +-0.037, was
+    a pixel high); None (matplotlib's own) where no interval rests on CLIP_N prompts."""
+    rows = pd.concat([g for _, g in groups]) if groups else pd.DataFrame()
+    if not len(rows) or not (rows.n_evicting >= CLIP_N).any():
+        return None
+    wide = rows[rows.n_evicting >= CLIP_N]
+    values = [0.0, band, -band, *(rows.change * rows.scale).dropna(), *(wide.ci_low * wide.scale).dropna(),
+              *(wide.ci_high * wide.scale).dropna()]
+    lo, hi = min(values), max(values)
+    pad = 0.08 * (hi - lo or 1.0)
+    return lo - pad, hi + pad
+
+
+def _cut_intervals(ax, groups, colours, limits: tuple[float, float]) -> list[str]:
+    """A triangle at the axis where an interval (over fewer than CLIP_N prompts) runs past `limits`, in its policy's
+    colour; returns each cut interval in words for the legend: 'sink window at 32: [-26.2, +22.9] (n = 2)'."""
+    from headscope.reports.kv_numbers import _span_units
+
+    cut = []
+    for colour, (policy, g) in zip(colours, groups):
+        for r in g.itertuples():
+            lo, hi = r.ci_low * r.scale, r.ci_high * r.scale
+            if not (lo < limits[0] or hi > limits[1]):
+                continue
+            for end, y, mark in ((lo, limits[0], "v"), (hi, limits[1], "^")):
+                if (end < y) if mark == "v" else (end > y):
+                    ax.plot([r.budget], [y], marker=mark, color=colour, ms=8, ls="none", clip_on=False, zorder=4)
+            cut.append(f"{policy_label(str(policy))} at {r.budget}: [{_span_units(lo, hi).replace(' to ', ', ')}] "
+                       f"(n = {r.n_evicting})")
+    if len(cut) > CUT_LISTED:  # the rest in the finding, which states every budget's interval
+        cut = cut[:CUT_LISTED - 1] + [f"and {len(cut) - CUT_LISTED + 1} more (the finding gives them)"]
+    return cut
+
+
+def _zoom_panel(zoom, groups, colours, styles, band: pd.Series, *, what: str, unit: str) -> None:
+    """The second panel (review 17b C1): the same points and intervals on a y range of a few band widths about 0, so the
+    band (1% of each budget's scale) is readable; its half-height ZOOM_BANDS[0] band widths, or enough for each
+    policy's closest mean over 2 prompts or more, at most ZOOM_BANDS[1]. Points beyond it leave the panel (the caption
+    says so)."""
+    width = float(band.max())
+    closest = [float((g.change * g.scale)[g.n_evicting >= 2].abs().min()) for _, g in groups if (g.n_evicting >= 2).any()]
+    half = max(ZOOM_BANDS[0] * width, min(1.25 * max(closest, default=0.0), ZOOM_BANDS[1] * width))
+    for colour, marker, style, (_, g) in zip(colours, "osD^v", styles, groups):
+        zoom.plot(g.budget, g.change * g.scale, color=colour, marker=marker, lw=1.5, **style)
+        zoom.fill_between(g.budget, g.ci_low * g.scale, g.ci_high * g.scale, color=colour, alpha=0.2, lw=0)
+    zoom.axhline(0, color="grey", ls="--", lw=1)
+    zoom.fill_between(band.index, -band.to_numpy(), band.to_numpy(), color="grey", alpha=0.3, lw=0)
+    zoom.set_ylim(-half, half)
+    units = unit[unit.rfind("(") + 1:-1] if unit.endswith(")") else unit  # "logits" of "logit difference (logits)"
+    zoom.set_ylabel(f"policy - full cache,\nzoomed ({units})")
+    zoom.set_title(f"zoomed on the grey band (1% of {what}, at most {width:.2g} {units})", fontsize="small")
+
+
 def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, recent_share: float | None = None,
                   chance: float | None = None, quiet: str | None = None, step: float = 0.0, cap: int | None = None):
     """What the kv finding measures (review 10a B3): per policy and budget, the change of the prompts that budget
@@ -84,12 +147,16 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
     of all; a tick whose label would run into its neighbour's (close budgets on the log axis) is left unlabelled
     and the x label lists it with its count (plots.thin_xtick_labels). cap: the most positions a layer's cache holds
     where every layer slides (window - 1, review 17c C2): the dotted line, the budget that saves nothing, is there
-    instead of at the longest context."""
+    instead of at the longest context.
+    Reviews 17a C2 / 17b C1: the y range is set by the means and the intervals over CLIP_N prompts or more; a wider
+    interval over fewer is cut at the axis, a triangle there, the legend giving its ends; on a figure of its own (ax
+    None) where the band is still thinner than ZOOM_SHARE of the range, a second panel below (`ax._zoom`) shows it
+    zoomed, and carries the budget ticks."""
     from headscope.analyses.kv.holding import TOLERANCE as BAND
     from headscope.analyses.kv.holding import budget_changes
 
     new_figure = ax is None
-    ax, df = axes(ax, (7.5, 4)), data
+    ax, df = axes(ax, (8.5, 4)), data
     full_rows = df[df.policy == "full"]
     whole = full_rows.budget.max()  # a budget this large keeps everything: it saves nothing
     if "context" not in df and not {"kept", "cached"} <= set(df):
@@ -102,25 +169,34 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
         if len(table) else []
     under = coincident({str(p): pd.Series((g.change * g.scale).to_numpy(), index=g.budget.to_numpy()) for p, g in groups},
                        step)
+    styles = []
     for colour, marker, (policy, g) in zip(colours, "osD^v", groups):
         label, style = policy_label(str(policy), recent_share), {}
         if str(policy) in under:  # would lie hidden under a later line: drawn over it, dashed, open markers
             over = " or ".join(policy_label(o) for o in under[str(policy)])
             label += f"\n(drawn dashed: within one rounding\nstep, {step:.2g}, of {over}\nat every budget)"
             style = dict(ls="--", mfc="none", ms=9, mew=1.5, zorder=3)
+        styles.append(style)
         ax.plot(g.budget, g.change * g.scale, color=colour, marker=marker, lw=1.5,  # mean(policy - full), units
                 label=label, alpha=0.6 if quiet else 1.0, **style)
         ax.fill_between(g.budget, g.ci_low * g.scale, g.ci_high * g.scale, color=colour, alpha=0.2, lw=0)
     ax.axhline(0, color="grey", ls="--", lw=1, label="full cache (the same prompts)")
+    band, what = pd.Series(dtype=float), "the span from chance" if chance is not None else "|full-cache mean|"
     if len(table) and "scale" in table:
         band = table[table.n_evicting > 0].groupby("budget").scale.max().sort_index() * BAND  # [budget] in units
-        what = "the span from chance" if chance is not None else "|full-cache mean|"
         ax.fill_between(band.index, -band.to_numpy(), band.to_numpy(), color="grey", alpha=0.15, lw=0,
                         label=f"within {100 * BAND:.0f}% of {what}")
     if cap is not None and (pd.isna(whole) or cap < whole):
         ax.axvline(cap, color="grey", ls=":", lw=1, label=f"the cache's cap ({int(cap)}:\nsliding window - 1)")
     elif pd.notna(whole):
         ax.axvline(whole, color="grey", ls=":", lw=1, label=f"longest context ({int(whole)})")
+    limits = _main_limits(groups, float(band.max()) if len(band) else 0.0) if groups and "scale" in table else None
+    if limits is not None:
+        ax.set_ylim(*limits)
+        cut = _cut_intervals(ax, groups, colours, limits)
+        if cut:  # review 17a C2: said where it is cut, with its ends
+            ax.plot([], [], marker="^", color="black", ls="none",
+                    label="interval cut at the axis\n(fewer than 3 prompts):\n" + "\n".join(cut))
     ax.set_xscale("log", base=2)
     xlabel = "cache budget (positions per layer)"  # review 16dv C2: short; log2 and the units in the caption
     unit = UNITS.get(str(metric), "task metric")
@@ -128,17 +204,35 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
     ax.set(xlabel=xlabel, ylabel=f"policy - full cache,\n{unit}",
            title=title + (f"\n{quiet}" if quiet else ""))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
+    ticked = ax
+    low, high = limits if limits is not None else ax.get_ylim()
+    span = high - low
+    thin = len(band) and 2 * float(band.max()) < ZOOM_SHARE * span  # review 17b C1: the band a pixel or two high
+    if thin and (not new_figure or quiet):  # no zoom at chance (no band to read) or on a caller's axes: the
+        for text in ax.get_legend().get_texts():  # legend says the band is too thin to see
+            if text.get_text().startswith(f"within {100 * BAND:.0f}%"):
+                text.set_text(text.get_text() + f"\n(+-{float(band.max()):.2g}: thinner than a line here)")
+    elif thin:
+        ax.figure.set_size_inches(8.5, 6.4)
+        grid = ax.figure.add_gridspec(2, 1, height_ratios=[3, 2])
+        ax.set_subplotspec(grid[0])
+        zoom = ax.figure.add_subplot(grid[1], sharex=ax)
+        _zoom_panel(zoom, groups, colours, styles, band, what=what, unit=unit)
+        ax.tick_params(labelbottom=False)
+        ax.set_xlabel("")
+        ax._zoom = ticked = zoom
+        fit_title(zoom)
     if len(table):  # under each budget: how many prompts it evicts anything from, of all
         grid = sorted(int(b) for b in table.budget.unique())
         count = table.groupby("budget").n_evicting.max()
         n_all = int(full_rows.example.nunique())
         texts = [f"{b}\n{int(count[b])}/{n_all}" for b in grid]
-        ax.set_xticks(grid, texts)
-        ax.xaxis.set_minor_locator(NullLocator())
+        ticked.set_xticks(grid, texts)
+        ticked.xaxis.set_minor_locator(NullLocator())
         xlabel += "\nunder it: evicted / all prompts"
-        ax.set_xlabel(xlabel)
-        ax._budget_ticks = (xlabel, texts)  # fit_budget_ticks redoes the thinning at the figure's final layout
-        fit_budget_ticks(ax, layout=new_figure)
+        ticked.set_xlabel(xlabel)
+        ticked._budget_ticks = (xlabel, texts)  # fit_budget_ticks redoes the thinning at the figure's final layout
+        fit_budget_ticks(ticked, layout=new_figure)
     return ax
 
 
@@ -169,7 +263,8 @@ def fit_budget_ticks(ax, *, layout: bool = True) -> None:
         blanked = [i for i, t in enumerate(ax.get_xticklabels()) if i < len(texts) and texts[i] and not t.get_text()]
         lines = xlabel.split("\n")
         if blanked:  # close budgets (16 and 19 on a log axis): their labels would run together
-            lines.append("unlabelled ticks: " + ", ".join(texts[i].replace("\n", " (") + ")" for i in blanked))
+            # review 16dv C2: a budget and its count stay on one line (a no-break space while wrapping)
+            lines.append("unlabelled ticks: " + ", ".join(texts[i].replace("\n", "\u00a0(") + ")" for i in blanked))
         fig.draw_without_rendering()
         renderer = fig.canvas.get_renderer()
         width = ax.get_window_extent(renderer).width
@@ -179,13 +274,15 @@ def fit_budget_ticks(ax, *, layout: bool = True) -> None:
             label.set_text(text)
             return label.get_window_extent(renderer).width
 
-        ax.set_xlabel("\n".join(part for line in lines for part in balanced(wrap_to_width(line, wide, width))))
+        ax.set_xlabel("\n".join(part for line in lines for part in balanced(wrap_to_width(line, wide, width)))
+                      .replace("\u00a0", " "))
         if layout:
             fig.tight_layout()
         if not thin_xtick_labels(ax):
             return
 
 
+NORMS_HEIGHT = 2.2  # inches: the norms plot's drawn height at the least, however many lines its title and x label take
 SAME = 0.005  # two layers' norm lines within this fraction of the largest norm at every position lie on each other
 
 
@@ -202,7 +299,7 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
     says so and, for a norm per head, a grey band shows the range its weight allows. latent (the kv summary's, on
     multi-head latent attention): the model caches one latent per position, not these per-head keys, which the
     title and axis say (review 15d C3)."""
-    ax = axes(ax, (7.5, 4))
+    ax = axes(ax, (8.5, 4))
     df = data[data.kind == kind]
     means = df.groupby(["layer", "position"], as_index=False).agg(
         norm=("norm", "mean"), **({"n": ("n_prompts", "max")} if "n_prompts" in df else {}))
@@ -237,17 +334,18 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
         title = (f"Per-head {kind} norms, expanded from the cached latent (mean over heads)\n"
                  f"the cache holds one latent of {latent[0]} + {latent[1]} numbers per position, not these")
         what = f"the per-head {kind} (expanded from the latent)"
-    if under:
+    legend_title = "layer"
+    if under:  # review 17v C2: said in the legend, by the dashes it explains (the title was 6 lines over the plot)
         same = sorted({int(k) for k in under} | {int(c) for v in under.values() for c in v})
-        title += f"\nlayers {int_ranges(same)} coincide (within {100 * SAME:g}% of the largest norm): dashed on top"
+        legend_title += f"\n{int_ranges(same)} coincide (within\n{100 * SAME:g}% of the largest norm):\ndashed on top"
     if kind == "key" and isinstance(key_norm, Mapping):
         name, bounds = key_norm.get("module", "k_norm"), key_norm.get("bounds") or []
         layers = sorted(int(v) for v in key_norm.get("layers") or [])
         who = "keys are" if set(layers) >= set(means.layer.unique()) else f"layer(s) {', '.join(map(str, layers))}:"
-        if key_norm.get("per_head", True):
-            title += f"\n{who} normalised ({name}) before caching:\ntheir norms are set by its weight, not a sink signal"
+        if key_norm.get("per_head", True):  # one line each: fit_title_parts wraps them, evenly, to the axes' width
+            title += f"\n{who} normalised ({name}) before caching: their norms are set by its weight, not a sink signal"
         else:  # review 8 A1: a norm over all heads bounds a key's total over them, not one head's norm
-            title += f"\n{who} normalised over all KV heads together ({name}):\na key's total is bounded, one head's norm is not"
+            title += f"\n{who} normalised over all KV heads together ({name}): a key's total is bounded, one head's norm is not"
         if key_norm.get("per_head", True) and len(bounds) == 2:
             lo, hi = float(bounds[0]), max(float(bounds[1]), 1.002 * float(bounds[0]))  # a constant weight: a thin band
             if hi - lo < 0.02 * max(hi, 1e-12):  # review 16av-C2: a band this thin does not show; a wide grey line does
@@ -258,8 +356,35 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
             top = max(top, hi)
     ax.set(title=title, xlabel=where, ylabel=f"L2 norm of {what}")
     ax.set_ylim(0, 1.1 * top or 1.0)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title=legend_title)
+    ax._title_parts, ax._xlabel_parts = title.split("\n"), where.split("\n")
+    fit_title_parts(ax)
     return ax
+
+
+def fit_title_parts(ax) -> None:
+    """Review 17v C2: each line the plot wrote for its title and x label (`ax._title_parts`, `ax._xlabel_parts`)
+    wrapped to the axes' width as measured at the figure's layout, in lines as even as textwrap makes them (`balanced`),
+    so no word is left alone on a line ("caching:", "signal"); nothing where the plot recorded no parts."""
+    titles, xlabels = getattr(ax, "_title_parts", None), getattr(ax, "_xlabel_parts", None)
+    if not titles and not xlabels:
+        return
+    fig = ax.figure
+    for _ in range(2):  # a new title height moves the axes a little: measure again
+        fig.tight_layout()
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        width = ax.get_window_extent(renderer).width
+        for parts, text, setter in ((titles, ax.title, ax.set_title), (xlabels, ax.xaxis.label, ax.set_xlabel)):
+            if not parts:
+                continue
+
+            def wide(line: str, text=text, renderer=renderer) -> float:
+                return renderer.get_text_width_height_descent(line, text.get_fontproperties(), ismath=False)[0]
+
+            setter("\n".join(part for line in parts for part in balanced(wrap_to_width(line, wide, width))))
+    fig.tight_layout()
+    keep_drawn_size(ax, height=NORMS_HEIGHT, width=0.0)  # the plot never squeezed under its text (review 17v C2)
 
 
 def plot_sinks(data: pd.DataFrame, *, ax=None):
@@ -331,9 +456,14 @@ def figures(result, **kwargs) -> dict:
         if stem == "kv_eviction" and result.summary.get("eviction_skipped"):
             continue  # review 16dv B1: not run (the finding says why)
         out[stem] = laid_out(draw())
+        if stem == "kv_norms":
+            fit_title_parts(out[stem].axes[0])  # at the figure's final layout (review 17v C2)
         if stem == "kv_eviction":
             fit_labels(out[stem].axes[0])
-            fit_budget_ticks(out[stem].axes[0])  # at the layout fit_labels left (review 16d C1)
+            if getattr(out[stem].axes[0], "_zoom", None) is not None:
+                fit_title(out[stem].axes[0]._zoom)
+            ticked = next((a for a in out[stem].axes if getattr(a, "_budget_ticks", None)), out[stem].axes[0])
+            fit_budget_ticks(ticked)  # at the layout fit_labels left (review 16d C1); the zoom panel's, where drawn
     return out
 
 
@@ -372,7 +502,11 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "evict from it only below that, and sinks outside its window are gone already (the finding names "
                    "those layers where a window is shorter than the longest prompt). A budget too close to its left "
                    "neighbour for its own label keeps its tick and is "
-                   "listed with its count in the x label.",
+                   "listed with its count in the x label. The y range is set by the means and the intervals over 3 "
+                   "prompts or more: a wider interval over fewer (t's 95% quantile is 12.7 for 2 prompts) is cut at the "
+                   "axis, a triangle there, and the legend gives its ends. Where the grey band is still thinner than 5% "
+                   "of that range, a second panel below zooms on it (5 to 10 band widths about 0, points beyond leave "
+                   "it) and carries the budget ticks; at chance there is no zoom and the legend gives the band's width.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
                 "that reach the position); faint, dotted (the solid line breaks there): each point that fewer than half "
                 "of the section's prompts reach, judged point by point (a windowed cache's reach need not fall with "
@@ -382,7 +516,7 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                 "Gemma 3) their norms are set by the norm's weight, which the title says (grey band: the range the norm "
                 "allows; a wide grey line where it allows one value): the lines show the normalisation, not a sink. "
                 "Layers whose lines lie within 0.5% of the largest norm of a later layer's at every position are drawn "
-                "dashed on top of it, and the title names them. A norm over all KV heads together (OLMo 2) "
+                "dashed on top of it, and the legend's title names them. A norm over all KV heads together (OLMo 2) "
                 "bounds a key's total over its heads, not one head's norm, so there the lines can still show a sink. "
                 "On multi-head latent attention (DeepSeek) the cache holds one latent per position; the lines are the "
                 "per-head keys expanded from it, as the title says.",

@@ -312,7 +312,8 @@ def sink_shares(table: pd.DataFrame) -> tuple[pd.Series, str, pd.Series | None]:
 def key_norm_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
     """The summary's `key_norm`: how the model normalises its keys before caching (models.key_norm) with
     the range of cached key norms that allows over its normalised layers (`bounds`, per KV head where the
-    norm runs per head, else over all KV heads together) and, per head, the range the norms table measured
+    norm runs per head, else over all KV heads together; `bias`: the largest bias norm, which widens them)
+    and, per head, the range the norms table measured
     (`measured`: its per-position means); None where no layer normalises its keys."""
     found = {layer: k for layer, k in enumerate(key_norms(model)) if k is not None}
     if not found:
@@ -321,7 +322,8 @@ def key_norm_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
     record: dict[str, Any] = {
         "module": first.module, "kind": first.kind, "rms": first.rms, "per_head": first.per_head, "dim": first.dim,
         "layers": sorted(found), "gain": [min(k.gain[0] for k in found.values()), max(k.gain[1] for k in found.values())],
-        "bounds": [min(k.bounds[0] for k in found.values()), max(k.bounds[1] for k in found.values())]}
+        "bounds": [min(k.bounds[0] for k in found.values()), max(k.bounds[1] for k in found.values())],
+        "bias": max(k.bias for k in found.values())}
     keys = norms[(norms.kind == "key") & norms.layer.isin(sorted(found))]
     if first.per_head and len(keys):
         record["measured"] = [float(keys.norm.min()), float(keys.norm.max())]

@@ -42,8 +42,10 @@ a grid's resolution, not a property of the model) and, for sink_window, the budg
 no recent token (n_sink + 1: with n_sink sinks a budget <= n_sink holds sinks only). Whether or not a
 policy holds, it also gives each budget's verdict, the budgets "not shown" (where the policy does not
 hold from one budget on but its largest evicting budget's mean is within: "consistent_from", the smallest
-budget from which every mean is), its closest result (the evicting budget of smallest |change|) and whether
-|change| shrinks as the budget grows (a non-monotone curve: a small budget closer than a larger one).
+budget from which every mean is, each over MIN_EVICTING prompts or more: a row of one prompt has no
+interval and is never within nor consistent, review 17b A3; else "worst_evicting", that largest row), its
+closest result (the evicting budget of smallest |change|) and whether |change| shrinks as the budget grows
+(a non-monotone curve: a small budget closer than a larger one).
 """
 from __future__ import annotations
 
@@ -206,15 +208,16 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
     just under it that evicts, or None), "at" (its budget_changes row), "above" (rows whose mean is more
     than the tolerance above the full cache, each with `clear_of`, what its 95% interval clears:
     chance.clear_of, "band" only where its lower bound is above +tolerance), "worst_evicting" (the largest
-    evicting budget's row, when its mean is off by more than the tolerance there; "never within" only where
-    every_evicting_missed), "verdicts" ({budget: "holds" | "not shown" | "above" | "below" | "cannot tell" |
-    "no value"}), "not_shown" (the rows whose mean is within but whose interval is not), "cannot_tell" (the rows
-    whose mean is off but whose interval reaches into the band), "missed" / "every_evicting_missed" (the budgets
-    whose interval lies wholly outside the band, and whether every evicting budget's does; "missed_rows" their rows),
+    evicting budget's row, when its mean is off by more than the tolerance there or it rests on fewer than
+    MIN_EVICTING prompts; "never within" only where every_evicting_missed), "verdicts" ({budget: "holds" |
+    "not shown" | "above" | "below" | "cannot tell" | "no value"}), "not_shown" (the rows whose mean is within
+    but whose interval is not), "cannot_tell" (the rows whose mean is off but whose interval reaches into the
+    band), "missed" / "every_evicting_missed" (the budgets whose interval lies wholly outside the band, and whether
+    every evicting budget's does; "missed_rows" their rows),
     "rounding_held" (the rows that hold only by the rounding floor),
-    "consistent_from" (when it does not hold but its means are within from a budget on:
-    that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, "no_effect" (no_effect's rows, where any),
-    and with answers ([example] token ids) its
+    "consistent_from" (when it does not hold but its means are within from a budget on, each over
+    MIN_EVICTING prompts or more: that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, "no_effect"
+    (no_effect's rows, where any), and with answers ([example] token ids) its
     rows' guess_correct and "constant_guess" (constant_guess: the commonest answer's count and the distinct answers)}.
     floor: the metric's rounding step in its units (_verdict: an interval past the band by no more holds); with
     one, "rounding_floor". chance (a log-probability's uniform guess): each row's change and band are shares of the span
@@ -246,7 +249,10 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
             if r.get("scale") is not None:
                 r["band"] = tolerance * r["scale"]
         within = np.array([r["verdict"] == "holds" for r in records], dtype=bool)
-        mean_within = np.array([r["verdict"] in ("holds", "not shown") for r in records], dtype=bool)
+        # review 17b A3: a row of fewer than MIN_EVICTING prompts has no interval: "not shown" whatever its mean, never
+        # "within" nor consistent (a one-prompt -78% made heavy hitters' "means within from 16")
+        mean_within = np.array([r["verdict"] == "holds" or (r["verdict"] == "not shown" and r["n_evicting"] >= MIN_EVICTING)
+                                for r in records], dtype=bool)
         entry: dict[str, Any] = {"budget": None, "below": None, "at": None, "worst_evicting": None,
                                  "above": [{**r, "clear_of": clear_of(r["ci_low"], r["ci_high"], tolerance)}
                                            for r in records if r["change"] > tolerance
@@ -259,7 +265,7 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
         elif records and mean_within[-1]:  # within on average from a budget on, never shown by the interval
             start = next(i for i in range(len(records)) if mean_within[i:].all())
             entry["consistent_from"] = records[start]["budget"]
-        elif records:
+        elif records:  # the largest evicting budget's mean off the band, or on too few prompts for an interval
             entry["worst_evicting"] = records[-1]
         entry["verdicts"] = {str(r["budget"]): r["verdict"] for r in records}
         entry["not_shown"] = [r for r in records if r["verdict"] == "not shown"]

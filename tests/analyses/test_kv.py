@@ -297,6 +297,46 @@ def test_holding_needs_the_interval_inside_the_band():
     assert (sink["not_shown"][0]["ci_low"], sink["not_shown"][0]["ci_high"]) == pytest.approx((wide.low / 100, wide.high / 100))
 
 
+def test_a_one_prompt_budget_is_neither_within_nor_consistent():
+    """Review 17b A3: heavy hitters at budget 16 lost 78.4% (-10.7 logits) on the one prompt long enough to be evicted
+    there, yet kv's summary said consistent_from 16 and compare "its means within from 16": a one-prompt row is "not
+    shown" (no interval) whatever its mean, and that counted as "mean within". Here 4 prompts of contexts 8, 20, 20,
+    40, full cache 10 on each: at 4 every policy falls to 5 (below); at 16 (3 prompts, 20, 20, 40) heavy hitters and
+    sink window change by +0.3, -0.3, 0 (mean 0, t interval +-4.303 x 0.3 / sqrt(3) = 0.745 logits, 7.5% > 1%: not
+    shown); at 32 only the 40-token prompt evicts: heavy hitters 2.16 ((2.16 - 10) / 10 = -78.4%), sink window 10.04
+    (+0.4%, within on its one prompt). Neither is consistent from 16: each largest budget is its worst_evicting row."""
+    import pandas as pd
+
+    from headscope.analyses.kv.holding import holding_budgets
+    from headscope.reports.compare_verdicts import _holding_words
+    from headscope.reports.plots_kv import finding
+
+    ctx = [8, 20, 20, 40]
+    rows = [{"policy": "full", "budget": 41, "example": e, "context": c, "metric": 10.0} for e, c in enumerate(ctx)]
+    at32 = {"heavy_hitters": 2.16, "sink_window": 10.04}
+    for p in at32:
+        rows += [{"policy": p, "budget": 4, "example": e, "context": c, "metric": 5.0} for e, c in enumerate(ctx)]
+        rows += [{"policy": p, "budget": 16, "example": e, "context": c, "metric": 10.0 + [0, 0.3, -0.3, 0][e]}
+                 for e, c in enumerate(ctx)]
+        rows += [{"policy": p, "budget": 32, "example": e, "context": c, "metric": at32[p] if c > 32 else 10.0}
+                 for e, c in enumerate(ctx)]
+    hold = holding_budgets(pd.DataFrame(rows), n_sink=4)
+    for p, change in (("heavy_hitters", -0.784), ("sink_window", 0.004)):
+        e = hold["policies"][p]
+        assert e["verdicts"] == {"4": "below", "16": "not shown", "32": "not shown"}
+        [at16] = [r for r in e["not_shown"] if r["budget"] == 16]
+        assert at16["n_evicting"] == 3 and at16["ci_high"] == pytest.approx(4.302653 * 0.3 / 3 ** 0.5 / 10, rel=1e-5)
+        assert e.get("consistent_from") is None and e["budget"] is None
+        w = e["worst_evicting"]
+        assert (w["budget"], w["n_evicting"], w["ci_low"]) == (32, 1, None) and w["change"] == pytest.approx(change)
+        s = {"metric": "logit_diff", "metric_unevicted": 10.0, "holding_budgets": hold}
+        assert _holding_words(e, s) == "not shown either way"
+    text = finding({"metric": "logit_diff", "metric_unevicted": 10.0, "n_sink": 4, "holding_budgets": hold})
+    assert "at 32, its largest budget that evicts: -78.4% (per example -7.84 to -7.84 logits, n = 1); " \
+        "one prompt, no interval: too few to call it within or outside 1%" in text, text
+    assert "consistent with holding" not in text
+
+
 def test_holding_allows_the_metrics_rounding_floor_past_the_band():
     """Review 12b A7: in bfloat16 a budget "not shown" only because its interval passes +1% by less than one rounding
     step of the metric holds (its miss said), so a policy holds from 8, not 32. By hand: full metric 8 (bfloat16
@@ -541,7 +581,7 @@ def test_keys_normalised_on_qwen3_are_said_and_bounded_by_hf_k_norm(tmp_path):
 
     try:  # the figure (reports/plots_kv.figures passes the summary's key_norm): from 0, saying why
         ax = plot_norms(table, key_norm=key_norm, ax=plt.subplots()[1])
-        assert ax.get_ylim()[0] == 0 and "keys are normalised (k_norm) before caching" in ax.get_title()
+        assert ax.get_ylim()[0] == 0 and "keys are normalised (k_norm) before caching" in " ".join(ax.get_title().split())
         assert any(f"k_norm allows {4 * lo:.2f}-{4 * hi:.2f}" == t.get_text() for t in ax.get_legend().get_texts())
     finally:
         plt.close("all")

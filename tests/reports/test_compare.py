@@ -2156,7 +2156,9 @@ def _kv_hold(grid_verdicts: dict, rows: list[dict], consistent_from=None) -> dic
 
 def test_compare_kv_verdicts_apart_only_by_the_grid_or_one_prompt_are_not_compared(tmp_path):
     """Review 14b C2: "32: not shown in A, not run in B" (B's prompts too short for budget 32) and "32: not shown in A,
-    above in B" (both on the one prompt long enough) were listed as differences. Now not compared, with why."""
+    above in B" (both on the one prompt long enough) were listed as differences. Now not compared, with why. Review
+    17b A3: A's consistent_from 32 rests on one prompt (an older summary's rule): "not shown either way", not "its
+    means within"; over 16 prompts "within 1% from budget 32 on"."""
     row = {"budget": 32, "n_evicting": 1, "ci_low": None, "ci_high": None}
     a = _one(tmp_path / "a", "kv", _kv_hold({"16": "below", "32": "not shown"}, [row], consistent_from=32))
     b = _one(tmp_path / "b", "kv", _kv_hold({"16": "below"}, []))
@@ -2164,13 +2166,13 @@ def test_compare_kv_verdicts_apart_only_by_the_grid_or_one_prompt_are_not_compar
         "tolerance": 0.01, "policies": {"window": {"verdicts": {"16": "below", "32": "above"}, "above": [row],
                                                    "worst_evicting": {"budget": 1}}}}})
     grid = [n for n in headline_notes(a, b) if "kv window within" in n]
-    assert grid == [NOT_COMPARED + "kv window within 1% of the full cache: not compared: A not shown to hold (its means "
-                    "within from 32), B never within; the verdicts differ only at budgets one run did not run (32: not "
+    assert grid == [NOT_COMPARED + "kv window within 1% of the full cache: not compared: A not shown either way, B never "
+                    "within; the verdicts differ only at budgets one run did not run (32: not "
                     "shown in A, not run in B): the runs' budget grids differ (each runs the budgets its prompts' "
                     "lengths allow), a setting, not the model."]
     single = [n for n in headline_notes(a, c) if "kv window within" in n]
-    assert single == [NOT_COMPARED + "kv window within 1% of the full cache: not compared: A not shown to hold (its means "
-                      "within from 32), B never within; the budget verdicts that differ rest on one evicting prompt (32: "
+    assert single == [NOT_COMPARED + "kv window within 1% of the full cache: not compared: A not shown either way, B "
+                      "never within; the budget verdicts that differ rest on one evicting prompt (32: "
                       "not shown in A (n = 1), above in B (n = 1)), with no interval: whether they differ beyond noise is "
                       "not known."]
     many = {**row, "n_evicting": 16, "ci_low": 0.02, "ci_high": 0.1}  # review 14bv B1: "never" needs the band cleared
@@ -2179,8 +2181,8 @@ def test_compare_kv_verdicts_apart_only_by_the_grid_or_one_prompt_are_not_compar
                                                    "worst_evicting": {"budget": 1}}}}})
     e = _one(tmp_path / "e", "kv", _kv_hold({"16": "below", "32": "not shown"}, [many], consistent_from=32))
     assert [n for n in headline_notes(e, d) if "kv window within" in n] == [
-        "kv window within 1% of the full cache: A not shown to hold (its means within from 32), B never within (budget "
-        "verdicts that differ: 32: not shown in A, above in B)."]  # 16 prompts each: still a difference
+        "kv window within 1% of the full cache: A not shown to hold (its means within 1% from budget 32 on), B never "
+        "within (budget verdicts that differ: 32: not shown in A, above in B)."]  # 16 prompts each: still a difference
 
 
 def test_importance_correlation_states_its_n_and_fisher_interval():

@@ -1090,6 +1090,87 @@ def test_kv_eviction_labels_leave_no_word_alone_and_the_x_label_two_lines(monkey
         plt.close("all")
 
 
+def _kv_result(rows, dtype="float32"):
+    from headscope.analyses.core.result import Result
+
+    return Result(name="kv", df=pd.DataFrame(rows), tables={"norms": pd.DataFrame(), "sinks": pd.DataFrame()},
+                  summary={"metric": "logit_diff", "dtype": dtype, "recent_share": 0.5})
+
+
+def test_kv_eviction_cuts_a_two_prompt_interval_at_the_axis_and_zooms_on_the_band(monkeypatch):
+    """Reviews 17a C2 / 17b C1: a sink-window interval over 2 prompts ([-26.2, +22.9]) set the y range to +-25 logits and
+    the grey +-1% band (+-0.037) was a pixel high. By hand: 16 prompts, 14 of context 12 and 2 of context 40, full
+    cache 10 on each (band 0.1); window at 4 and 8 loses 6 and 1 logits on every prompt (+-0.1 per prompt, alternating),
+    at 32 (the two long prompts) +10 and -12. The y range is set by the means and the intervals over 3 prompts or more;
+    budget 32's interval (scipy's t over its 2 prompts) is cut at the axis, a triangle at each end, its ends in the
+    legend; a second panel zoomed on the band (+-5 bands at the least, +-10 at most: the closest mean, -1, x 1.25 is
+    past that) carries the budget ticks."""
+    from scipy import stats
+
+    from headscope.reports import plots_kv
+    from headscope.reports.plots import plot_result
+
+    ctx = [12] * 14 + [40] * 2
+    rows = [{"policy": "full", "budget": 41, "example": e, "context": c, "metric": 10.0} for e, c in enumerate(ctx)]
+    for b, loss in ((4, -6.0), (8, -1.0)):
+        rows += [{"policy": "window", "budget": b, "example": e, "context": c, "metric": 10.0 + loss + (-1) ** e * 0.1}
+                 for e, c in enumerate(ctx)]
+    rows += [{"policy": "window", "budget": 32, "example": e, "context": c,
+              "metric": 10.0 + (0.0 if c < 32 else (10.0 if e == 14 else -12.0))} for e, c in enumerate(ctx)]
+    monkeypatch.setattr(plots_kv, "plot_norms", lambda *a, **k: plt.subplots()[1])
+    monkeypatch.setattr(plots_kv, "plot_sinks", lambda *a, **k: plt.subplots()[1])
+    ci = stats.ttest_1samp([10.0, -12.0], 0.0).confidence_interval(0.95)  # [-141, +139] at 3 digits
+    wide4 = stats.ttest_1samp([-6.0 + (-1) ** e * 0.1 for e in range(16)], 0.0).confidence_interval(0.95)
+    try:
+        fig = plot_result(_kv_result(rows))["kv_eviction"]
+        ax, zoom = fig.axes
+        low, high = ax.get_ylim()
+        pad = 0.08 * (0.1 - wide4.low)  # the range: budget 4's interval's low end to the band's top (+0.1), 8% padded
+        assert (low, high) == pytest.approx((wide4.low - pad, 0.1 + pad))
+        marks = [li for li in ax.get_lines() if li.get_marker() in ("^", "v") and list(li.get_xdata()) == [32]]
+        assert sorted((li.get_marker(), li.get_ydata()[0]) for li in marks) == [("^", high), ("v", low)]
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert (f"interval cut at the axis\n(fewer than 3 prompts):\nwindow at 32: [{ci.low:+.0f}, {ci.high:+.0f}] (n = 2)"
+                in legend), legend
+        assert zoom.get_ylim() == pytest.approx((-1.0, 1.0))  # 10 bands of 0.1 (1.25 x the closest mean, 1, is more)
+        band = [c for c in zoom.collections if abs(c.get_paths()[0].vertices[:, 1].max() - 0.1) < 1e-9]
+        assert band and "zoomed on the grey band" in zoom.get_title()
+        assert [t.get_text() for t in zoom.get_xticklabels() if t.get_text()][:2] == ["4\n16/16", "8\n16/16"]
+        assert not any(t.get_text() for t in ax.get_xticklabels()) and ax.get_xlabel() == ""
+        assert zoom.get_xlabel().startswith("cache budget (positions per layer)")
+    finally:
+        plt.close("all")
+
+
+def test_kv_eviction_x_label_keeps_each_unlabelled_budget_with_its_count(monkeypatch):
+    """Review 16dv C2: the x label's wrap split "8" from its "(16/16)". Budgets 16 to 23, one apart on the log axis,
+    leave most labels blank; the line naming them wraps only between entries: every "budget (count)" on one line."""
+    import re
+
+    from headscope.reports import plots_kv
+    from headscope.reports.plots import plot_result
+
+    budgets = (1, 2, 4, 8, *range(16, 24))
+    rows = [{"policy": "full", "budget": 30, "example": e, "context": 30, "metric": 10.0 + e} for e in range(16)]
+    rows += [{"policy": p, "budget": b, "example": e, "context": 30, "metric": 10.0 + e - 30 / b}
+             for p in ("heavy_hitters", "sink_window", "window") for b in budgets for e in range(16)]
+    monkeypatch.setattr(plots_kv, "plot_norms", lambda *a, **k: plt.subplots()[1])
+    monkeypatch.setattr(plots_kv, "plot_sinks", lambda *a, **k: plt.subplots()[1])
+    try:
+        fig = plot_result(_kv_result(rows))["kv_eviction"]
+        ticked = next(a for a in fig.axes if a.get_xlabel())
+        lines = ticked.get_xlabel().split("\n")
+        start = next(i for i, line in enumerate(lines) if line.startswith("unlabelled ticks:"))
+        named = " ".join(lines[start:])
+        assert len(re.findall(r"\d+ \(16/16\)", named)) >= 4 and len(lines) > start + 1  # several, over two lines
+        for line in lines[start:]:
+            entries = line.removeprefix("unlabelled ticks:").strip().rstrip(",").split(", ")
+            assert all(re.fullmatch(r"\d+ \(16/16\)", e) for e in entries), line
+        assert "\u00a0" not in ticked.get_xlabel()
+    finally:
+        plt.close("all")
+
+
 def test_best_head_bars_carry_their_95_percent_intervals_and_n():
     """Review 5 B5: best_head.png drew its bars as exact. Each bar now carries t(15) x se (t(15, 0.975) =
     2.13145, from tables) around its change, and the title says n = 16; a table without se says so."""
@@ -2254,7 +2335,7 @@ def test_kv_norms_mute_positions_few_prompts_reach_and_the_guide_claims_no_sink(
         assert [list(line.get_xdata()) for line in faint] == [list(range(8))] * 2
         assert all(line.get_alpha() < 1 for line in faint)
         assert list(solid[1].get_ydata())[2:7] == [4.5, 5.5, 6.5, 7.5, 8.5]  # layer 1: mean over the two KV heads
-        assert "fewer than half of the 16 prompts reach (n = 3-4; positions 0-1, 7)" in ax.get_xlabel()
+        assert "fewer than half of the 16 prompts reach (n = 3-4; positions 0-1, 7)" in " ".join(ax.get_xlabel().split())
         every = plot_norms(norms.assign(n_prompts=16), n_prompts=16, ax=plt.subplots()[1])
         assert all(line.get_linestyle() == "-" for line in every.get_lines()) and "faint" not in every.get_xlabel()
     finally:
@@ -3596,6 +3677,35 @@ def test_bf16_rounding_components_leave_the_dla_figure_and_the_graph_caption_nam
            "\"parallel blocks\")" in caption
 
 
+def test_kv_norms_title_has_no_word_alone_and_the_plot_keeps_its_height(monkeypatch):
+    """Review 17v C2: the random Cohere model's kv_norms.png (three layers at 4.00 under a per-head k_norm of weight 1,
+    16 prompts, positions 20-34 reached by fewer than half) had a six-line title with "caching:" and "signal" alone on
+    their lines, over a plot a third of the figure high. Through plot_result, as the report saves it: every title and
+    x label line holds three words or more, the title is at most three lines, and the axes are drawn at least
+    NORMS_HEIGHT inches high."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports import plots_kv
+    from headscope.reports.plots import plot_result
+
+    norms = pd.DataFrame([{"layer": layer, "kv_head": 0, "position": p, "kind": "key", "norm": 4.0,
+                           "n_prompts": 16 if p < 20 else 6} for layer in (0, 1, 2) for p in range(35)])
+    key_norm = {"module": "k_norm", "per_head": True, "layers": [0, 1, 2], "bounds": [4.0, 4.0], "dim": 16}
+    result = Result(name="kv", df=pd.DataFrame(), tables={"norms": norms, "sinks": pd.DataFrame()},
+                    summary={"metric": "logit_diff", "key_norm": key_norm, "n_examples": 16, "eviction_skipped": "x"})
+    monkeypatch.setattr(plots_kv, "plot_sinks", lambda *a, **k: plt.subplots()[1])
+    try:
+        fig = plot_result(result)["kv_norms"]
+        ax = fig.axes[0]
+        title, xlabel = ax.get_title().split("\n"), ax.get_xlabel().split("\n")
+        assert len(title) <= 3 and all(len(line.split()) >= 3 for line in title + xlabel), (title, xlabel)
+        assert " ".join(ax.get_title().split()) == ("Cached key norms (mean over KV heads) keys are normalised (k_norm) "
+                                                   "before caching: their norms are set by its weight, not a sink signal")
+        fig.canvas.draw()
+        assert ax.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi >= plots_kv.NORMS_HEIGHT - 0.01
+    finally:
+        plt.close("all")
+
+
 def test_kv_norms_coincident_layers_are_drawn_dashed_on_top_and_a_constant_k_norm_shows():
     """Review 16av-C2: a random model with a per-head k_norm of weight 1 (sqrt(16) = 4): all three layers at 4.00,
     layers 0 and 1 hidden under layer 2 and the band "k_norm allows 4.00" of zero width."""
@@ -3608,11 +3718,14 @@ def test_kv_norms_coincident_layers_are_drawn_dashed_on_top_and_a_constant_k_nor
         ax = plot_norms(norms, key_norm=key_norm, n_prompts=4, ax=plt.subplots()[1])
         styles = {line.get_label(): line.get_linestyle() for line in ax.get_lines() if line.get_label() in "012"}
         assert styles == {"0": "--", "1": "--", "2": "-"}  # 0 and 1 drawn over layer 2, dashed
-        assert "layers 0-2 coincide (within 0.5% of the largest norm): dashed on top" in ax.get_title()
+        # review 17v C2: said in the legend, by the dashes it explains, not in a title of six lines over the plot
+        legend = " ".join(ax.get_legend().get_title().get_text().split())
+        assert legend == "layer 0-2 coincide (within 0.5% of the largest norm): dashed on top"
+        assert "coincide" not in ax.get_title()
         wide = [line for line in ax.get_lines() if line.get_label().startswith("k_norm allows 4.00")]
         assert len(wide) == 1 and list(wide[0].get_ydata()) == [4.0, 4.0] and wide[0].get_linewidth() >= 6
         apart = plot_norms(norms.assign(norm=norms.layer + 1.0), ax=plt.subplots()[1])  # 1, 2, 3: all visible
-        assert "coincide" not in apart.get_title()
+        assert "coincide" not in apart.get_title() + apart.get_legend().get_title().get_text()
         assert all(line.get_linestyle() == "-" for line in apart.get_lines())
     finally:
         plt.close("all")
