@@ -30,7 +30,8 @@ from headscope.errors import (
     OfflineModelError,
     TokenizationWarning,
 )
-from headscope.models import threads
+from headscope.models import falcon_qkv, threads
+from headscope.models.conversion_check import check_conversion
 from headscope.models.hooked_model import HookedModel, facts_from_bridge
 from headscope.models.token_text import round_trip_problem
 
@@ -165,7 +166,8 @@ def load_model(
     (check_model_files); `trust_remote_code=True` warns that the model's own code may run.
     `prepend_bos`: whether prompts get the tokenizer's BOS in front where it does not add it itself (None:
     decoders do, as in TransformerLens; False: prompts run as the tokenizer tokenizes them); every task
-    and analysis on this model follows it (HookedModel.prepend_bos).
+    and analysis on this model follows it (HookedModel.prepend_bos). A model whose bridge disagrees with Hugging
+    Face's own forward beyond rounding on an 8-token probe raises UnsupportedModelError (models/conversion_check.py).
     """
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
@@ -207,7 +209,7 @@ def load_model(
     if tokenizer is not None and not chosen:
         _check_vocabulary(tokenizer, location)
     try:
-        with _remote_code_refused(name, trust_remote_code):
+        with _remote_code_refused(name, trust_remote_code), falcon_qkv.grouped_split():
             bridge = TransformerBridge.boot_transformers(location, **kwargs)
     except _unreadable_weights() as err:  # files the pre-check could not see (a hub download, a race)
         raise ModelFileError(
@@ -233,6 +235,7 @@ def load_model(
     if getattr(bridge.cfg, "d_mlp", None) != facts.d_mlp:  # review 16dv A1: OPT's ffn_dim, not TL's 4 x d_model
         bridge.cfg.d_mlp = facts.d_mlp  # model.cfg (TransformerLens habits) agrees with model.facts
     _mla_z_heads(bridge, facts)
+    check_conversion(bridge, name)  # one probe of 8 tokens: the bridge against Hugging Face's own forward
     log.info("loaded %s from %s", name, location)
     return HookedModel(bridge, tokenizer, facts, source=location, prepend_bos=prepend_bos)
 
