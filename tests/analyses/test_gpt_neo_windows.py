@@ -37,7 +37,7 @@ def test_kv_sink_share_counts_only_the_queries_whose_window_holds_the_first_toke
     tokens = random_tokens(2, N, seed=3)
     table = kv.sink_stats(model, tokens, kv.kv_norms(model, tokens), n_sink=1)
     by_hand = [np.mean([1 / (q + 1) for q in range(1, N)]), np.mean([1 / (q + 1) for q in range(1, 4)])]
-    assert table.uniform_mass.tolist() == pytest.approx(by_hand)
+    assert table.baseline.tolist() == ["uniform"] * 2 and table.baseline_mass.tolist() == pytest.approx(by_hand)
     with torch.no_grad():
         att = hf(tokens, output_attentions=True).attentions  # [b, H, q, k] per layer
     assert float(att[1][:, :, 4:, 0].abs().max()) == 0.0  # the premise: HF's mask hides key 0 from queries 4..
