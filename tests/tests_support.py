@@ -500,3 +500,30 @@ SMALL_QA = [  # position's --n-items tests (test_position, test_cli)
      "gold_document": {"title": "Walk", "text": "A river runs past the bakery."},
      "documents": [{"title": "Market", "text": "The market sells fish."}]},
 ]
+
+
+def two_site_task(n: int, n_tok: int):
+    """A Task of n random prompts of n_tok - 1 tokens whose corrupted copies differ at positions 2 and 5; the answer is
+    the token after the prompt, the wrong answer the prompt's second token (seeded): patching tests checked against
+    plain Hugging Face with hand hooks (hf_logit_diff)."""
+    from headscope.analyses.core.tasks import Task
+
+    tokens = random_tokens(n, n_tok, seed=1)
+    corrupted = tokens.clone()
+    corrupted[:, 2], corrupted[:, 5] = random_tokens(n, n_tok, seed=7)[:, 2], random_tokens(n, n_tok, seed=8)[:, 5]
+    return Task(name="rand", tokens=tokens[:, :-1], answers=tokens[:, -1], wrong_answers=tokens[:, 1],
+                corrupted_tokens=corrupted[:, :-1])
+
+
+def hf_logit_diff(hf, tokens, task, hooks=()) -> torch.Tensor:
+    """[batch]: a plain Hugging Face model's logit(answer) - logit(wrong) at the last position (in float32), with
+    (module, pre?, fn) hooks attached for that one pass and removed after it, also on an error."""
+    handles = [(m.register_forward_pre_hook(fn) if pre else m.register_forward_hook(fn)) for m, pre, fn in hooks]
+    try:
+        with torch.no_grad():
+            logits = hf(tokens).logits[:, -1].float()
+    finally:
+        for h in handles:
+            h.remove()
+    rows = torch.arange(len(tokens))
+    return logits[rows, task.answers] - logits[rows, task.wrong_answers]

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 import headscope as hs
-from headscope.analyses.core.tasks import Task
 from headscope.execution import hf_blocks, resume
-from tests_support import build_tiny_model, hf_model, random_tokens
+from tests_support import build_tiny_model, hf_logit_diff, hf_model, random_tokens, two_site_task
 
 N_HEADS, D_HEAD = 4, 16  # tests_support's "falcon": d_model 64, 4 query heads, 1 KV head
 
@@ -22,25 +21,7 @@ def falcon(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def task():
-    """4 prompts of 7 tokens; the corrupted ones differ at positions 2 and 5; an answer and a wrong answer per row."""
-    tokens = random_tokens(4, 8, seed=1)
-    corrupted = tokens.clone()
-    corrupted[:, 2], corrupted[:, 5] = random_tokens(4, 8, seed=7)[:, 2], random_tokens(4, 8, seed=8)[:, 5]
-    return Task(name="rand", tokens=tokens[:, :-1], answers=tokens[:, -1], wrong_answers=tokens[:, 1],
-                corrupted_tokens=corrupted[:, :-1])
-
-
-def _logit_diff(hf, tokens, task, hooks=()) -> torch.Tensor:
-    """[batch]: HF's logit(answer) - logit(wrong) at the last position, with (module, pre?, fn) hooks attached."""
-    handles = [(m.register_forward_pre_hook(fn) if pre else m.register_forward_hook(fn)) for m, pre, fn in hooks]
-    try:
-        with torch.no_grad():
-            logits = hf(tokens).logits[:, -1]
-    finally:
-        for h in handles:
-            h.remove()
-    rows = torch.arange(len(tokens))
-    return logits[rows, task.answers] - logits[rows, task.wrong_answers]
+    return two_site_task(4, 8)  # corrupted at positions 2 and 5
 
 
 def test_falcon_resumed_and_hook_free_passes_equal_hugging_face(falcon):
@@ -89,7 +70,7 @@ def test_falcon_head_ablation_sweep_equals_hugging_face(falcon, task):
     16 input columns of self_attention.dense zeroed: effect = clean mean logit difference - ablated one."""
     model, hf = falcon
     assert resume.supports(model).fast and resume.supports(model).shortcut  # the fast sweep, not a fallback
-    base = _logit_diff(hf, task.tokens, task).mean()
+    base = hf_logit_diff(hf, task.tokens, task).mean()
     df = hs.head_importance(model, task, methods=("zero",)).df
     for layer in range(2):
         for head in range(N_HEADS):
@@ -98,7 +79,7 @@ def test_falcon_head_ablation_sweep_equals_hugging_face(falcon, task):
                 z[..., head * D_HEAD:(head + 1) * D_HEAD] = 0.0
                 return (z,)
             dense = hf.transformer.h[layer].self_attention.dense
-            want = float(base - _logit_diff(hf, task.tokens, task, [(dense, True, zero)]).mean())
+            want = float(base - hf_logit_diff(hf, task.tokens, task, [(dense, True, zero)]).mean())
             got = df[(df.layer == layer) & (df["head"] == head) & (df.method == "zero")].importance
             assert len(got) == 1 and got.iloc[0] == pytest.approx(want, abs=1e-5), (layer, head)
 
@@ -119,7 +100,7 @@ def test_falcon_patching_cells_equal_hugging_face(falcon, task):
     cap = [(layers[1].self_attention.dense, True, keep("z1", True)), (layers[0].self_attention.dense, True, keep("z0", True)),
            (layers[1].self_attention, False, keep("attn1", False)), (layers[1].mlp, False, keep("mlp1", False)),
            (layers[0].mlp, False, keep("mlp0", False)), (layers[1], True, keep("resid1", True))]
-    _logit_diff(hf, task.tokens, task, cap)
+    hf_logit_diff(hf, task.tokens, task, cap)
 
     def restore(name, index, pre):
         def fn(mod, args, out=None):
@@ -146,7 +127,7 @@ def test_falcon_patching_cells_equal_hugging_face(falcon, task):
         row = df[(df.site_type == kind) & (df.layer == layer) & (df["head"].fillna(-1) == (-1 if head is None else head))
                  & (df["pos"].fillna(-1) == (-1 if pos is None else pos))]
         assert len(row) == 1
-        want = float(_logit_diff(hf, task.corrupted_tokens, task, [hook]).mean())
+        want = float(hf_logit_diff(hf, task.corrupted_tokens, task, [hook]).mean())
         assert row.value.iloc[0] == pytest.approx(want, abs=1e-5), (kind, layer, head, pos)
 
 

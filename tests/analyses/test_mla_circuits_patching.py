@@ -7,8 +7,7 @@ import pytest
 import torch
 
 import headscope as hs
-from headscope.analyses.core.tasks import Task
-from tests_support import hf_model, random_tokens
+from tests_support import hf_logit_diff, hf_model, two_site_task
 
 N_HEADS, D_V, D_NOPE, D_QK = 4, 16, 12, 20  # tests_support's deepseek_v3: q/k heads 12 + 8 rotary, v heads 16
 
@@ -21,25 +20,7 @@ def mla(deepseek_v3_dir):
 
 @pytest.fixture(scope="module")
 def task():
-    """3 prompts of 8 tokens; the corrupted ones differ at positions 2 and 5; answer and wrong answer per row."""
-    tokens = random_tokens(3, 9, seed=1)
-    corrupted = tokens.clone()
-    corrupted[:, 2], corrupted[:, 5] = random_tokens(3, 9, seed=7)[:, 2], random_tokens(3, 9, seed=8)[:, 5]
-    return Task(name="rand", tokens=tokens[:, :-1], answers=tokens[:, -1], wrong_answers=tokens[:, 1],
-                corrupted_tokens=corrupted[:, :-1])
-
-
-def _logit_diff(hf, tokens, task, hooks=()) -> torch.Tensor:
-    """[batch]: HF's logit(answer) - logit(wrong) at the last position, with (module, pre?, fn) hooks attached."""
-    handles = [(m.register_forward_pre_hook(fn) if pre else m.register_forward_hook(fn)) for m, pre, fn in hooks]
-    try:
-        with torch.no_grad():
-            logits = hf(tokens).logits[:, -1].float()
-    finally:
-        for h in handles:
-            h.remove()
-    rows = torch.arange(len(tokens))
-    return logits[rows, task.answers] - logits[rows, task.wrong_answers]
+    return two_site_task(3, 9)  # corrupted at positions 2 and 5
 
 
 def test_mla_dla_per_head_and_mlp_match_hf(mla, task):
@@ -56,7 +37,7 @@ def test_mla_dla_per_head_and_mlp_match_hf(mla, task):
     hooks = [(hf.model.embed_tokens, False, keep("embed", False)), (hf.model.norm, True, keep("final", True))]
     for l, layer in enumerate(layers):
         hooks += [(layer.self_attn.o_proj, True, keep(f"z{l}", True)), (layer.mlp, False, keep(f"mlp{l}", False))]
-    hf_diff = _logit_diff(hf, task.tokens, task, hooks)
+    hf_diff = hf_logit_diff(hf, task.tokens, task, hooks)
     x = rec["final"][:, -1]  # [batch, d_model]: the stream the final norm reads at the answer position
     scale = (x.pow(2).mean(-1, keepdim=True) + hf.model.norm.variance_epsilon).sqrt()  # [batch, 1]
     w_u = hf.lm_head.weight.detach()
@@ -112,7 +93,7 @@ def test_mla_patching_matches_hf_hooks(mla, task):
            (layers[1].self_attn.kv_b_proj, False, lambda m, a, o: clean.__setitem__("kv", o.detach())),
            (layers[0].self_attn.q_b_proj, False, lambda m, a, o: clean.__setitem__("q", o.detach())),
            (layers[1], True, lambda m, a: clean.__setitem__("resid", a[0].detach()))]
-    _logit_diff(hf, task.tokens, task, cap)
+    hf_logit_diff(hf, task.tokens, task, cap)
 
     def restore(name, view, index):
         def fn(mod, args, out=None):
@@ -133,7 +114,7 @@ def test_mla_patching_matches_hf_hooks(mla, task):
         row = df[(df.site_type == kind) & (df.layer == layer) & (df["head"].fillna(-1) == (-1 if head is None else head))
                  & (df["pos"].fillna(-1) == (-1 if pos is None else pos))]
         assert len(row) == 1
-        assert row.value.iloc[0] == pytest.approx(float(_logit_diff(hf, task.corrupted_tokens, task, [hook]).mean()),
+        assert row.value.iloc[0] == pytest.approx(float(hf_logit_diff(hf, task.corrupted_tokens, task, [hook]).mean()),
                                                   abs=1e-5), (kind, layer, head, pos)
 
 
