@@ -37,8 +37,10 @@ def probe_tokens(bridge: Any, n: int = PROBE_TOKENS) -> torch.Tensor:
     other), seeded, at most the model's context; on the embedding's device."""
     n_ctx = int(getattr(bridge.cfg, "n_ctx", n) or n)
     vocab = int(bridge.cfg.d_vocab)
-    special = set(getattr(getattr(bridge, "tokenizer", None), "all_special_ids", None) or ())
-    allowed = torch.tensor([i for i in range(vocab) if i not in special] or list(range(vocab)))
+    special = [i for i in getattr(getattr(bridge, "tokenizer", None), "all_special_ids", None) or () if 0 <= i < vocab]
+    keep = torch.ones(vocab, dtype=torch.bool)  # [vocab]: no Python loop over the vocabulary on every load
+    keep[torch.tensor(special, dtype=torch.long)] = False
+    allowed = keep.nonzero().squeeze(1) if keep.any() else torch.arange(vocab)  # ascending, as before
     pick = torch.randint(len(allowed), (min(n, n_ctx),), generator=torch.Generator().manual_seed(0))
     device = next(bridge.original_model.parameters()).device
     return allowed[pick][None].to(device)  # [1, n]
