@@ -711,15 +711,28 @@ def cache_windows(model: Any) -> tuple[int | None, ...]:
     return tuple(window if i < len(types) and types[i] == "sliding_attention" else None for i in range(n))
 
 
-def window_words(windows: Mapping[int, int] | Sequence[int | None], n_layers: int | None = None) -> str:
-    """The sliding windows in words for the header and the repr: "layers 1, 3 attend over a sliding window of 8 keys
-    (the others globally)", "every layer attends over ..."; '' without one. windows: layer_windows' tuple, or
-    {layer: window} of the windowed layers only (the manifest's attention_windows) with n_layers."""
+def and_join(words: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c': a list in a finding's words (reports.findings re-exports it)."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def window_words(windows: Mapping[int, int] | Sequence[int | None], n_layers: Any = None, *, short: bool = False) -> str:
+    """The sliding windows in words, the one description of them; '' without one. windows: layer_windows' tuple, or
+    {layer: window} of the windowed layers only (the manifest's attention_windows, a summary's) with n_layers.
+    The header and the repr: "layers 1, 3 attend over a sliding window of 8 keys (the others globally)", "every
+    layer attends over ..."; short, in a finding's parenthesis, by layer: "every layer over 6 keys", "layers 0 and 2
+    over 8 keys and layer 1 over 4 keys" ("every layer" where one window covers n_layers layers)."""
     found = ({int(k): int(v) for k, v in windows.items()} if isinstance(windows, Mapping)
              else {i: int(w) for i, w in enumerate(windows) if w is not None})
     if not found:
         return ""
     n = n_layers if n_layers is not None else (None if isinstance(windows, Mapping) else len(windows))
+    if short:
+        by_window: dict[int, list[int]] = {}
+        for layer, w in sorted(found.items()):
+            by_window.setdefault(w, []).append(layer)
+        return and_join([("every layer" if len(ls) == n else ("layer " if len(ls) == 1 else "layers ")
+                          + and_join([str(l) for l in ls])) + f" over {w} keys" for w, ls in by_window.items()])
     sizes = sorted(set(found.values()))
     size = f"{sizes[0]} keys" if len(sizes) == 1 else "; ".join(
         f"{w} keys on layer(s) {', '.join(str(k) for k, v in found.items() if v == w)}" for w in sizes)

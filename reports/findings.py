@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headscope.analyses.core.chance import MIN_SYSTEMATIC_EXAMPLES, does_not_copy, metric_ci, t_half_width
+from headscope.models.hooked_model import and_join as and_join  # lists in words, re-exported for the families' words
 
 CHANCE_LOGIT_DIFF = 0.1  # |logit(answer) - logit(wrong)| below this: the model does not prefer the answer
 
@@ -62,21 +63,6 @@ def attention_kind(n_heads: Any, n_kv_heads: Any) -> str | None:
     if heads is None or kv is None or not 0 < kv < heads:
         return None
     return "multi-query" if kv == 1 else "grouped-query"
-
-
-def and_join(words: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c': a list in a finding's words."""
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
-def sliding_words(windows: Mapping[int, int], n_layers: Any) -> str:
-    """'every layer over 6 keys', 'layer 0 over 8 keys', 'layers 0 and 2 over 8 keys and layer 1 over 4 keys':
-    the sliding windows of a model's windowed layers (models.layer_windows), in a finding's words."""
-    by_window: dict[int, list[int]] = {}
-    for layer, win in sorted((int(l), int(w)) for l, w in windows.items()):
-        by_window.setdefault(win, []).append(layer)
-    return and_join([("every layer" if len(ls) == n_layers else ("layer " if len(ls) == 1 else "layers ")
-                      + and_join([str(l) for l in ls])) + f" over {w} keys" for w, ls in by_window.items()])
 
 
 def ordinal(n: int) -> str:

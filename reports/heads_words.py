@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.core.chance import metric_ci, t_half_width
-from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, ci_pair, ci_words, ordinal, sliding_words
+from headscope.models.hooked_model import window_words
+from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, ci_pair, ci_words, ordinal
 from headscope.reports.moe_words import blocks_subject
 from headscope.reports.pruning_words import prunable_words, span_tolerance
 
@@ -592,7 +593,7 @@ def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:
     elif cut or cut is None and length is not None:  # None: an older summary, which did not record why
         said.append(f"induction is probed on repeats of {length} tokens (reading {length - 1} back)"
                     + (" to fit well inside the window, short of its oldest key" if cut else ", within the window"))
-    return f"Sliding windows ({sliding_words(windows, n_layers)}): {'; '.join(said)}." if said else ""
+    return f"Sliding windows ({window_words(windows, n_layers, short=True)}): {'; '.join(said)}." if said else ""
 
 
 def _redundancy_words(s: Mapping[str, Any], metric: str) -> list[str]:

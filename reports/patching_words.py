@@ -12,7 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, attention_kind, ci_pair, sliding_words
+from headscope.models.hooked_model import window_words
+from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, attention_kind, ci_pair
 from headscope.reports.patching_agreement import agreement
 from headscope.reports.patching_aligned import (
     _aligned_lead,
@@ -573,7 +574,7 @@ def _window_words(w: Any) -> str:
     if not isinstance(w, Mapping) or not w.get("unreachable"):
         return ""
     windows = {i: v for i, v in enumerate(w.get("windows") or []) if v}
-    return (f"Sliding windows ({sliding_words(windows, len(w.get('windows') or []))}): {w['unreachable']} of the "
+    return (f"Sliding windows ({window_words(windows, len(w.get('windows') or []), short=True)}): {w['unreachable']} of the "
             f"{w.get('cells', '?')} position cells lie further before the answer position than the windows carry a "
             "change (the sum of window - 1 over the layers from there to the end), so their 0 is by construction "
             "(hatched in the maps), not a measured absence.")

@@ -286,14 +286,13 @@ def figures(result: Result, **kwargs) -> dict:
 def _fit_heatmap_text(ax: Any) -> None:
     """Review 17c C1: the heatmap's title of up to three lines (the window's hatch note, the at-chance note) ran over
     its colour bar, whose label ran up into it: the title re-wrapped to the map's width (plots.fit_title), then the bar's
-    label wrapped to the bar's height, the figure growing where it cannot (plots_patching._fit_bar_label)."""
-    from headscope.reports.plots import fit_title
-    from headscope.reports.plots_patching import _fit_bar_label
+    label wrapped to the bar's height, the figure growing where it cannot (plots.fit_bar_label)."""
+    from headscope.reports.plots import fit_bar_label, fit_title
 
     fit_title(ax)
     bars = [other for other in ax.figure.axes if other is not ax and other.yaxis.label.get_text()]
     for bar in bars:
-        _fit_bar_label(bar)
+        fit_bar_label(bar)
 
 
 def token_html(tokens: Sequence[str], scores: Sequence[float], *, label: str = "") -> str:

@@ -43,6 +43,7 @@ from headscope.reports.patching_words import finding as finding  # the headline:
 from headscope.reports.plots import (
     axes,
     color_scale,
+    fit_bar_label,
     fit_title,
     hatch_cells,
     keep_drawn_size,
@@ -241,36 +242,8 @@ def fit_axis_labels(ax: Axes) -> bool:
         renderer = fig.canvas.get_renderer()
         text, tall = bar.ax.yaxis.label, bar.ax.get_window_extent(renderer).height
         if text.get_window_extent(renderer).height > tall:
-            changed = _fit_bar_label(bar.ax) or changed
+            changed = fit_bar_label(bar.ax) or changed
     return changed
-
-
-BAR_LABEL_POINTS = 8.0  # a colour bar's label is never drawn smaller (review 16c C4: shrunk to fit, it read ~5 pt)
-
-
-def _fit_bar_label(bar: Axes) -> bool:
-    """A colour-bar label taller than its bar (review 16c C4): at BAR_LABEL_POINTS or more, its lines re-wrapped to the
-    bar's height; where still taller, the figure grows in height until the bar is as tall (plots.keep_drawn_size).
-    Never shrunk. Returns whether anything changed."""
-    fig, text = bar.figure, bar.yaxis.label
-    text.set_fontsize(max(BAR_LABEL_POINTS, text.get_fontsize()))
-    fig.draw_without_rendering()
-    renderer = fig.canvas.get_renderer()
-    tall = bar.get_window_extent(renderer).height
-
-    def long(line: str) -> float:  # a rotated label's length is its text's width
-        return renderer.get_text_width_height_descent(line, text.get_fontproperties(), ismath=False)[0]
-
-    written = text.get_text()
-    wrapped = "\n".join(part for line in written.split("\n")
-                         for part in wrap_to_width(line, long, tall, 12, break_on_hyphens=False))
-    if wrapped != written:
-        bar.set_ylabel(wrapped)
-    fig.tight_layout()
-    fig.draw_without_rendering()
-    needed = (text.get_window_extent(renderer).height + 4) / fig.dpi  # inches, a few pixels clear
-    keep_drawn_size(bar, height=needed, width=0.0)
-    return True
 
 
 def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns, say: bool = True) -> None:

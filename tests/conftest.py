@@ -101,18 +101,14 @@ def mixed_moe_dir(more_arch_dirs, tmp_path_factory):
     """A Qwen2-MoE whose layer 0 is a dense MLP (mlp_only_layers=[0]) before a mixture of experts with a shared
     expert (layer 1), as Qwen2/3-MoE's mlp_only_layers and DeepSeek's first_k_dense_replace lay them out; random
     weights (seed 0), the qwen2moe tokenizer."""
-    import shutil
-
-    import torch
     import transformers
+
+    from tests_support import save_random_checkpoint
 
     source, out = more_arch_dirs("qwen2moe"), tmp_path_factory.mktemp("mixed-moe") / "mixed"
     config = transformers.AutoConfig.from_pretrained(source)
     config.mlp_only_layers = [0]
-    torch.manual_seed(0)
-    transformers.Qwen2MoeForCausalLM(config).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(source / name, out / name)
+    save_random_checkpoint(config, out, source)
     return out
 
 

@@ -282,6 +282,46 @@ def save_tokenizer(tokenizer, out: Path) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
 
 
+def save_random_checkpoint(config, folder: Path, tokenizer=None, dtype: torch.dtype | None = None, *, seed: int = 0,
+                           model_class=None, init=None, plain: bool = False):
+    """The one "config -> random model -> safetensors -> tokenizer" builder: torch.manual_seed(seed), then
+    `model_class(config)` (default: the causal LM transformers maps the config's type to), `init(model)` under no_grad
+    where given (weights away from their init), cast to `dtype` where given, saved to `folder` (safetensors) with
+    `tokenizer`: a tokenizer, written by save_tokenizer (plain: by its own save_pretrained, transformers' own
+    tokenizer_class), or a model folder whose tokenizer.json and tokenizer_config.json are copied as they are.
+    Returns the Hugging Face model."""
+    import shutil
+
+    import transformers
+
+    torch.manual_seed(seed)
+    cls = model_class or transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    model = cls(config)
+    if init is not None:
+        with torch.no_grad():
+            init(model)
+    if dtype is not None:
+        model.to(dtype)
+    model.save_pretrained(folder, safe_serialization=True)
+    if isinstance(tokenizer, (str, Path)):
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(Path(tokenizer) / name, Path(folder) / name)
+    elif plain:
+        tokenizer.save_pretrained(folder)
+    elif tokenizer is not None:
+        save_tokenizer(tokenizer, folder)
+    return model
+
+
+def normal_matrices(std: float = 0.2, ndim: int = 2):
+    """An init for save_random_checkpoint: every parameter of `ndim` or more dimensions drawn N(0, std^2), in order."""
+    def init(model) -> None:
+        for p in model.parameters():
+            if p.ndim >= ndim:
+                p.normal_(0.0, std)
+    return init
+
+
 _SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=ARCH_CTX)
 # arch -> (tokenizer builder, HF model class, config class, config fields): each architecture's own
@@ -341,16 +381,16 @@ def build_architecture(arch: str, out: Path, seed: int = 0) -> Path:
     ids = {name: tok.convert_tokens_to_ids(getattr(tok, name.replace("_id", ""))) for name in
            ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tok, name.replace("_id", ""), None) is not None}
     ids.setdefault("pad_token_id", ids.get("eos_token_id"))  # configs like Phi-3's name a pad id of their own
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=len(tok), **ids, **fields))
-    with torch.no_grad():
+
+    def init(model) -> None:
         for name, p in model.named_parameters():
             if p.ndim >= 2:
                 p.normal_(0.0, 0.2)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)
-    model.save_pretrained(out, safe_serialization=True)
-    save_tokenizer(tok, out)
+
+    save_random_checkpoint(getattr(transformers, config_class)(vocab_size=len(tok), **ids, **fields), out, tok, seed=seed,
+                           model_class=getattr(transformers, model_class), init=init)
     return Path(out)
 
 

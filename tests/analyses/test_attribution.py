@@ -23,7 +23,7 @@ from headscope.analyses.attribution.agreement import kendall_matrix, paired_diff
 from headscope.analyses.attribution.analysis import AttributionConfig, attribution, run
 from headscope.analyses.attribution.permutation import permutation_test, permutations, permute_attention, saturation
 from headscope.analyses.core.tasks import Task, sentence_task
-from tests_support import build_tiny_model, hf_model, random_tokens, word_tokenizer
+from tests_support import build_tiny_model, hf_model, normal_matrices, random_tokens, save_random_checkpoint, word_tokenizer
 
 KEY = 4 + 7  # id of "w7" in the test word tokenizer: the deciding token of the hand-built model
 ANSWER, WRONG = 5, 6
@@ -747,19 +747,13 @@ def test_run_quick_on_a_tiny_decoder(tiny_models):
 def tiny_bert(tmp_path_factory):
     from transformers import BertConfig, BertModel
 
-    torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny-bert") / "bert"
     cfg = BertConfig(
         vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=64, pad_token_id=1,
     )
-    bert = BertModel(cfg)
-    with torch.no_grad():  # larger than BERT's init (std 0.02), so that attention is far from uniform
-        for p in bert.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.3)
-    bert.save_pretrained(out, safe_serialization=True)
-    word_tokenizer().save_pretrained(out)
+    # larger than BERT's init (std 0.02), so that attention is far from uniform
+    save_random_checkpoint(cfg, out, word_tokenizer(), model_class=BertModel, init=normal_matrices(0.3), plain=True)
     return out, hs.load_model(out, device="cpu")
 
 
@@ -1256,17 +1250,11 @@ def tiny_mlm(tmp_path_factory):
     (directory, HookedModel)."""
     from transformers import BertConfig, BertForMaskedLM
 
-    torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny-mlm") / "mlm"
     cfg = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                      max_position_embeddings=64, pad_token_id=1)
-    bert = BertForMaskedLM(cfg)
-    with torch.no_grad():  # larger than BERT's init, so that attention is far from uniform
-        for p in bert.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.2)
-    bert.save_pretrained(out)
-    word_tokenizer().save_pretrained(out)
+    # larger than BERT's init, so that attention is far from uniform
+    save_random_checkpoint(cfg, out, word_tokenizer(), model_class=BertForMaskedLM, init=normal_matrices(), plain=True)
     model = hs.load_model(out, device="cpu", dtype=torch.float64)
     model.tokenizer.mask_token = "w59"
     return out, model

@@ -16,6 +16,7 @@ from headscope.analyses.core.registry import ANALYSES, config_class, get_analysi
 from headscope.analyses.position import prompts
 from headscope.analyses.position.analysis import PositionConfig, build_sweeps
 from headscope.analyses.probes.analysis import task_labels
+from tests_support import save_random_checkpoint
 
 N_CTX = 128
 TRAINED_NAMES = default_tasks.NAMES[:30]  # the last ten names never occur in the training text
@@ -61,17 +62,14 @@ def _build(kind: str, out: Path) -> Path:
     import transformers
 
     tok = _byte_level_bpe() if kind == "gpt2" else _byte_fallback_bpe()
-    torch.manual_seed(0)
     special = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     if kind == "gpt2":
         config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=N_CTX, **special)
-        model = transformers.GPT2LMHeadModel(config)
     else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        config = transformers.LlamaConfig(
             hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=N_CTX, **special))
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+            max_position_embeddings=N_CTX, **special)
+    save_random_checkpoint(config, out, tok, plain=True)
     return out
 
 
@@ -198,11 +196,9 @@ def test_a_decoder_on_shipped_sentences_its_tokenizer_splits_says_so(tmp_path, c
     raw.train_from_iterator(["the owner has the key now"] * 20, trainers.BpeTrainer(
         vocab_size=280, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+    save_random_checkpoint(transformers.GPT2Config(
         n_embd=16, n_layer=1, n_head=2, n_positions=N_CTX, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id)).save_pretrained(tmp_path, safe_serialization=True)
-    tok.save_pretrained(tmp_path)
+        eos_token_id=tok.eos_token_id), tmp_path, tok, plain=True)
     model, hf = hs.load_model(tmp_path, device="cpu"), AutoTokenizer.from_pretrained(tmp_path)
     config = config_class("mlp").preset(quick=True, n_examples=4)
     task = task_used("mlp", model, None, config)

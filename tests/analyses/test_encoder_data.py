@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import headscope as hs
-from tests_support import save_tokenizer, wordpiece
+from tests_support import normal_matrices, save_random_checkpoint, wordpiece
 
 COLOURS = {"red": "cherry", "yellow": "banana", "green": "lime", "purple": "grape"}
 PLACES = ("table", "plate", "shelf")
@@ -31,15 +31,10 @@ def fruit_bert(tmp_path_factory):
     root = tmp_path_factory.mktemp("fruit-bert")
     corpus = [cloze(c, p, a).replace("[MASK]", f) for c, f in COLOURS.items() for p in PLACES for a in ("", "small", "ripe")]
     tok = wordpiece(vocab_size=120, corpus=corpus)
-    torch.manual_seed(0)
-    bert = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      intermediate_size=64, max_position_embeddings=64, pad_token_id=0))
-    with torch.no_grad():  # larger random weights, so that heads change the embedding visibly
-        for p in bert.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.2)
-    bert.save_pretrained(root / "model", safe_serialization=True)
-    save_tokenizer(tok, root / "model")
+    # larger random weights, so that heads change the embedding visibly
+    save_random_checkpoint(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=64, max_position_embeddings=64, pad_token_id=0),
+                           root / "model", tok, model_class=BertForMaskedLM, init=normal_matrices())
     colours = list(COLOURS)
     rows = [{"cloze": cloze(c, PLACES[i % 3], "small" if i % 2 else ""), "fill": COLOURS[c],
              "swapped_colour": cloze(colours[(k + 1) % 4], PLACES[i % 3], "small" if i % 2 else ""),
@@ -58,10 +53,9 @@ def english_bert(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("english-bert")
     tok = wordpiece(vocab_size=2000)
-    torch.manual_seed(0)
-    BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                               intermediate_size=64, max_position_embeddings=64, pad_token_id=0)).save_pretrained(path)
-    save_tokenizer(tok, path)
+    save_random_checkpoint(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=64, max_position_embeddings=64, pad_token_id=0),
+                           path, tok, model_class=BertForMaskedLM)
     return hs.load_model(path, device="cpu")
 
 

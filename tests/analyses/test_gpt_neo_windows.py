@@ -112,7 +112,8 @@ def test_attribution_ranks_last_layer_attention_only_inside_the_local_window(neo
 def test_head_roles_score_the_local_layers_sink_over_the_queries_that_see_it(neo):
     """17d A4: heads' sink score on the local layer is HF's attention on the first token averaged over queries 1..3
     (those whose window of 4 holds it), on the global layer over 1..9; the roles table records the window."""
-    from headscope.analyses.heads.roles import head_roles
+    from headscope.analyses.heads.roles import head_roles, role_windows
+    from headscope.reports.heads_words import finding
 
     model, hf = neo
     tokens = random_tokens(2, N, seed=4)
@@ -125,6 +126,8 @@ def test_head_roles_score_the_local_layers_sink_over_the_queries_that_see_it(neo
             sink = np.mean([att[layer][b, head, q, 0] for b in range(2) for q in range(1, last_seeing + 1)])
             assert row["sink"] == pytest.approx(sink, abs=1e-5)
     assert roles["window"].iloc[:4].isna().all() and roles["window"].tolist()[4:] == [4.0] * 4
+    assert ("Sliding windows (layer 1 over 4 keys): sink is scored over the queries that can see the first token "
+            "(within window - 1 positions of it)") in finding({"n_layers": 2, "roles": {}, **role_windows(roles)})
 
 
 def test_patching_marks_the_cells_the_local_window_keeps_from_the_answer(neo):
@@ -132,6 +135,7 @@ def test_patching_marks_the_cells_the_local_window_keeps_from_the_answer(neo):
     back are marked unreachable and measure 0, the cell 3 back does not (the mark is not too wide); layer 0's
     resid_pre reaches it through the global layer 0 from anywhere."""
     from headscope.analyses.patching.analysis import activation_patching
+    from headscope.reports.patching_words import finding
 
     model, _ = neo
     res = activation_patching(model, _task(), ["resid_pre"], progress=False)
@@ -143,10 +147,13 @@ def test_patching_marks_the_cells_the_local_window_keeps_from_the_answer(neo):
     assert marked.effect.abs().max() < 1e-6 and cells[back[cells.index] == 3].effect.abs().item() > 1e-4
     assert not df[df.layer == 0].unreachable.any()
     assert res.summary["sliding_windows"] == {"windows": [None, 4], "unreachable": 6, "cells": 2 * N}
+    assert ("Sliding windows (layer 1 over 4 keys): 6 of the 20 position cells lie further before the answer position "
+            "than the windows carry a change") in finding(res.summary)
 
 
 def test_header_and_repr_name_the_local_layers(neo):
-    """17d C2: print(model) and the report header say which layers are local and their window."""
+    """17d C2: print(model) and the report header say which layers are local and their window; the findings' short
+    form comes from the same window_words (mend18)."""
     from headscope.models.hooked_model import window_words
 
     model, _ = neo
@@ -154,6 +161,9 @@ def test_header_and_repr_name_the_local_layers(neo):
     assert window_words({"1": 4}, 2) == "layer 1 attends over a sliding window of 4 keys (the others globally)"
     assert window_words((None, 8, None, 8)) == "layers 1, 3 attend over a sliding window of 8 keys (the others globally)"
     assert window_words((4096, 4096)) == "every layer attends over a sliding window of 4096 keys"
+    # the findings' short form (heads' roles, patching's reach): by layer, "every layer" where one window covers all
+    assert window_words({"2": 8, "0": 8, "1": 4}, 3, short=True) == "layers 0 and 2 over 8 keys and layer 1 over 4 keys"
+    assert window_words({0: 6, 1: 6}, 2, short=True) == "every layer over 6 keys"
 
 
 def test_attn_scores_site_says_it_holds_the_weights_on_a_delegating_bridge(neo, arch_models):

@@ -185,21 +185,14 @@ def test_granite_moe_dla_sums_to_hf_logit_difference(tmp_path):
     sum to its plain HF logit difference too."""
     import transformers
 
-    from tests_support import N_WORDS, SPECIALS, save_tokenizer, word_tokenizer
+    from tests_support import N_WORDS, SPECIALS, normal_matrices, save_random_checkpoint, word_tokenizer
 
-    torch.manual_seed(0)
     cfg = transformers.GraniteMoeConfig(
         vocab_size=len(SPECIALS) + N_WORDS, bos_token_id=2, eos_token_id=3, pad_token_id=1, hidden_size=32,
         intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, num_local_experts=2,
         num_experts_per_tok=1, max_position_embeddings=32, embedding_multiplier=12.0, residual_multiplier=0.22,
         attention_multiplier=0.0078125, logits_scaling=8.0)
-    hf = transformers.GraniteMoeForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, 0.2)
-    hf.save_pretrained(tmp_path)
-    save_tokenizer(word_tokenizer(), tmp_path)
+    hf = save_random_checkpoint(cfg, tmp_path, word_tokenizer(), init=normal_matrices()).eval()
     model = hs.load_model(tmp_path, device="cpu", dtype="float32")
     assert (model.facts.logit_scale, model.facts.residual_scale) == (0.125, 0.22)
     task = _task(n=2, pos=6)

@@ -25,7 +25,16 @@ from headscope.analyses.heads import pruning as hp
 from headscope.analyses.heads.roles import control_tokens, head_roles, repeated_random_tokens
 from headscope.errors import ConfigError
 from headscope.execution import batching, resume
-from tests_support import N_WORDS, SPECIALS, hf_model, random_tokens, word_tokenizer, zero_head
+from tests_support import (
+    N_WORDS,
+    SPECIALS,
+    hf_model,
+    normal_matrices,
+    random_tokens,
+    save_random_checkpoint,
+    word_tokenizer,
+    zero_head,
+)
 
 N_EX, POS = 6, 8
 
@@ -67,17 +76,11 @@ def f64_models(tiny_dirs):
 def tiny_bert(tmp_path_factory):
     from transformers import BertConfig, BertForMaskedLM
 
-    torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny-bert")
     cfg = BertConfig(vocab_size=len(SPECIALS) + N_WORDS, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=64, pad_token_id=1)
-    bert = BertForMaskedLM(cfg)
-    with torch.no_grad():  # larger random weights, so that heads change the embedding visibly
-        for p in bert.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.2)
-    bert.save_pretrained(path)
-    word_tokenizer().save_pretrained(path)
+    # larger random weights, so that heads change the embedding visibly
+    save_random_checkpoint(cfg, path, word_tokenizer(), model_class=BertForMaskedLM, init=normal_matrices(), plain=True)
     return hs.load_model(path, device="cpu", dtype=torch.float64)
 
 

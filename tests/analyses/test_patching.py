@@ -769,7 +769,7 @@ def test_sliding_window_cells_out_of_reach_of_the_answer_are_marked_and_are_zero
     assert res.summary["sliding_windows"] == {"windows": [8, 8], "unreachable": 12 + 5 + 12, "cells": 80}
     assert res.summary["never_read"] == {"cells": 19, "of": 80, "site_types": ["resid_post"]}
     text = finding(res.summary)
-    assert "29 of the 80 position cells lie further before the answer position" in text
+    assert "Sliding windows (every layer over 8 keys): 29 of the 80 position cells lie further before the answer" in text
     assert "19 of the 80 position cells are the last layer's writes (resid_post) before the answer position" in text
 
 

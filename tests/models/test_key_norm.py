@@ -116,20 +116,19 @@ def test_key_norms_on_a_stablelm_with_qk_layernorm_say_not_reported(tmp_path):
     from headscope.analyses.kv.analysis import key_norm_record
     from headscope.models.key_norm import key_norms
     from headscope.reports.plots_kv import finding
-    from tests_support import save_tokenizer, word_tokenizer
+    from tests_support import save_random_checkpoint, word_tokenizer
 
     config = transformers.StableLmConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, qk_layernorm=True,
                                          max_position_embeddings=32, bos_token_id=2, eos_token_id=3, pad_token_id=1)
-    torch.manual_seed(0)
-    hf = transformers.StableLmForCausalLM(config).eval()
     g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
+
+    def init(hf) -> None:
         for layer in hf.model.layers:
             for norm in layer.self_attn.k_layernorm.norms:
                 norm.weight.copy_(torch.rand(16, generator=g) + 0.5)  # 0.5-1.5
-    hf.save_pretrained(tmp_path / "m", safe_serialization=True)
-    save_tokenizer(word_tokenizer(), tmp_path / "m")
+
+    hf = save_random_checkpoint(config, tmp_path / "m", word_tokenizer(), init=init).eval()
     model = hs.load_model(tmp_path / "m", device="cpu", dtype="float32")
     found = key_norms(model)
     for layer, got in zip(hf.model.layers, found):

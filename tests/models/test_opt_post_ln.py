@@ -15,22 +15,21 @@ D_MODEL, D_EMBED, FFN = 32, 16, 48  # TransformerLens's bridge config says d_mlp
 def _build(out, pre_ln: bool):
     import transformers
 
-    from tests_support import N_WORDS, SPECIALS, save_tokenizer, word_tokenizer
+    from tests_support import N_WORDS, SPECIALS, save_random_checkpoint, word_tokenizer
 
-    torch.manual_seed(0)
     cfg = transformers.OPTConfig(
         vocab_size=len(SPECIALS) + N_WORDS, hidden_size=D_MODEL, num_hidden_layers=2, ffn_dim=FFN, num_attention_heads=4,
         max_position_embeddings=64, do_layer_norm_before=pre_ln, word_embed_proj_dim=D_EMBED, activation_function="relu",
         bos_token_id=2, eos_token_id=3, pad_token_id=1, dropout=0.0, tie_word_embeddings=True)
-    model = transformers.OPTForCausalLM(cfg)
-    with torch.no_grad():  # biases and LayerNorm gains away from their init, so each one counts
+
+    def init(model) -> None:  # biases and LayerNorm gains away from their init, so each one counts
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0.0, 0.1)
             elif "layer_norm" in name:
                 p.normal_(1.0, 0.2)
-    model.save_pretrained(out, safe_serialization=True)
-    save_tokenizer(word_tokenizer(), out)
+
+    save_random_checkpoint(cfg, out, word_tokenizer(), init=init)
     return out
 
 

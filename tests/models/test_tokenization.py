@@ -16,7 +16,7 @@ import headscope as hs
 from headscope.analyses.core import tasks
 from headscope.errors import TaskError, TokenizationWarning
 from headscope.models.token_text import round_trip_problem, unknown_words
-from tests_support import build_tiny_model
+from tests_support import build_tiny_model, save_random_checkpoint
 
 
 def _sentences() -> list[str]:
@@ -55,11 +55,9 @@ def gpt2_dir(tokenizer, out: Path) -> Path:
     """A random-weight 2-layer GPT-2 sized to the tokenizer, saved with it."""
     import transformers
 
-    torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                      bos_token_id=0, eos_token_id=0)
-    transformers.GPT2LMHeadModel(config).save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    save_random_checkpoint(config, out, tokenizer, plain=True)
     return out
 
 

@@ -1711,7 +1711,7 @@ def test_patching_colour_bar_label_is_never_shrunk_below_8_points():
 def test_a_colour_bar_label_re_wrapped_to_a_short_bar_never_breaks_inside_a_word():
     """Review 16cv C1: on a 3-row map (the reviewer's exact_resid_pre, 3 layers x 69 positions) the label re-wrapped
     to its short bar read "clean-corrupt / ed gap": textwrap broke the long word. Every line is whole words."""
-    from headscope.reports.plots_patching import _fit_bar_label
+    from headscope.reports.plots import fit_bar_label
 
     text = "share of the clean-corrupted gap (1 = fully restored)"
     fig, ax = plt.subplots(figsize=(7, 0.9), dpi=110)
@@ -1719,7 +1719,7 @@ def test_a_colour_bar_label_re_wrapped_to_a_short_bar_never_breaks_inside_a_word
         bar = fig.colorbar(ax.imshow(np.zeros((3, 69)), aspect="auto"), ax=ax)
         bar.ax.set_ylabel(text)
         fig.tight_layout()
-        _fit_bar_label(bar.ax)
+        fit_bar_label(bar.ax)
         lines = bar.ax.yaxis.label.get_text().split("\n")
         assert len(lines) > 1 and " ".join(lines) == text  # re-wrapped only at the spaces
         assert "clean-corrupted" in lines
