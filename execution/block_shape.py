@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 
 from headscope.errors import UnsupportedModelError
+from headscope.hooks.post_norm import post_attention_norm, post_mlp_norm  # noqa: F401 (decided in hooks: the cache reads them too)
 from headscope.models.hooked_model import is_parallel, raw_module  # is_parallel: block_shape.is_parallel too
 from headscope.models.readout import is_post_ln_block
 
@@ -63,22 +64,6 @@ def parts(block: torch.nn.Module, convert: Callable[[torch.nn.Module], Callable]
     adds = "residual" in inspect.signature(raw(_child(block, "mlp")).forward).parameters  # BloomMLP
     return Parts(mlp=get("mlp"), ln2=ln2, ln1_post=get("ln1_post"), ln2_post=get("ln2_post"), parallel=parallel,
                  mlp_adds_residual=adds)
-
-
-def post_attention_norm(block: torch.nn.Module) -> torch.nn.Module | None:
-    """The Hugging Face norm a post-norm block applies to its whole attention output before the
-    residual add (Gemma 2/3's post_attention_layernorm, OLMo 2's), or None (pre-norm, parallel,
-    or a block none of the shapes describes)."""
-    p = parts(block)
-    return None if p is None or p.ln1_post is None or p.parallel else raw(p.ln1_post)
-
-
-def post_mlp_norm(block: torch.nn.Module) -> torch.nn.Module | None:
-    """The Hugging Face norm a post-norm block applies to its whole MLP output before the residual
-    add (Gemma 2/3's and OLMo 2's post_feedforward_layernorm), or None (pre-norm, parallel, or a
-    block none of the shapes describes)."""
-    p = parts(block)
-    return None if p is None or p.ln2_post is None or p.parallel else raw(p.ln2_post)
 
 
 PROBE = 64.0  # the probes' RMS: beside 64^2 a norm's eps (1e-5, 1e-6) is below float32's rounding

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 
 from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError, UnsupportedModelError
+from headscope.hooks.post_norm import has_post_norms, post_attention_norm, through_norm
 from headscope.hooks.residual import CacheHabits, _check_scale_shape, mark_scaled, norm_weight, slice_axis
 from headscope.hooks.sites import ALIASES, SITES, _suggest, site
 from headscope.models.readout import NO_SUM, POST_LN, readout_gap
@@ -60,6 +61,7 @@ def model_meta(model) -> dict[str, Any]:
         "attn_only": bool(getattr(cfg, "attn_only", False)),
         "parallel": bool(getattr(cfg, "parallel_attn_mlp", False)),  # attention and MLP read the same stream
         "post_ln": bool(getattr(model.facts, "post_ln", False)),  # OPT post-LN: no linear decomposition
+        "post_norm": has_post_norms(model),  # Gemma 2/3, OLMo 2: writes pass a norm of their own (hooks.post_norm)
         "readout_gap": readout_gap(model),  # why no linear read into the logits (models.readout), None where one exists
     }
 
@@ -253,19 +255,45 @@ class Activations(CacheHabits, dict):
             raise ConfigError(f"{what} needs the model's weights; load with Activations.load(path, model=model).")
         return self.model
 
-    def _head_results(self, layer: int) -> torch.Tensor:
-        """[batch, pos, head, d_model]: captured hook_result, else computed from hook_z and W_O."""
+    def _post_norm_on(self) -> bool:
+        """Do some blocks pass their writes through a norm of their own (meta "post_norm"; a file saved before
+        that key: asked of the model where one is given)?"""
+        post = self.meta.get("post_norm")
+        return bool(post) if post is not None else self.model is not None and has_post_norms(self.model)
+
+    def _head_results(self, layer: int, pos_slice=None) -> torch.Tensor:
+        """[batch, pos, head, d_model] (pos_slice: those positions): each head's write to the stream, captured
+        hook_result or z @ W_O; on a post-norm block (Gemma 2/3, OLMo 2) passed through its post-attention norm
+        frozen at its scale on the whole attention output (hooks.post_norm), so the heads sum to hook_attn_out
+        less the normed b_O."""
         name = site("result", layer)
         if dict.__contains__(self, name):
-            return dict.__getitem__(self, name)
-        z = self["z", layer]  # [batch, pos, head, d_head]
-        return head_result(self._needs_model("Per-head results from hook_z"), layer, z)
+            raw = dict.__getitem__(self, name)
+        else:
+            raw = head_result(self._needs_model("Per-head results from hook_z"), layer, self["z", layer])
+        raw = slice_axis(raw, pos_slice, -3)  # [batch, pos, head, d_model], [batch, head, d_model] for an int
+        if not self._post_norm_on():
+            return raw
+        model = self._needs_model("Per-head writes through the post-attention norm")
+        norm = post_attention_norm(model.bridge.blocks[layer])
+        if norm is None:
+            return raw
+        pre = raw.sum(-2)  # [batch, pos, d_model]: the attention output before the norm
+        b_o = getattr(model.bridge.blocks[layer].attn, "b_O", None)
+        if isinstance(b_o, torch.Tensor):
+            pre = pre + b_o.detach().to(pre)
+        out = site("attn_out", layer)
+        normed = slice_axis(dict.__getitem__(self, out), pos_slice, -2) if dict.__contains__(self, out) else None
+        return through_norm(model, norm, raw, pre, normed, f"Block {layer}'s head writes")
 
     def stack_head_results(
         self, layer: int | None = -1, *, return_labels: bool = False, incl_remainder: bool = False,
         pos_slice=None, apply_ln: bool = False,
     ):
-        """Each head's write to the residual stream, for the heads of layers before `layer`.
+        """Each head's write to the residual stream, for the heads of layers before `layer`: z_h @ W_O
+        (hook_result), and on post-norm blocks (Gemma 2/3, OLMo 2) that through the block's post-attention norm
+        frozen at its scale on the whole attention output (hooks.post_norm), as it reaches the stream (review
+        18d A1: TransformerLens's raw hook_result there is before the norm, 6-25x off).
 
         Returns [layer * n_heads (+1), batch, pos, d_model] (labels "L0H0", ..., "remainder" with
         return_labels). incl_remainder adds the rest of the stream into `layer` (biases,
@@ -277,7 +305,7 @@ class Activations(CacheHabits, dict):
         """
         stop = self._stop(layer)
         # each [head, batch, pos, d_model]
-        parts = [slice_axis(self._head_results(l), pos_slice, -3).movedim(-2, 0) for l in range(stop)]
+        parts = [self._head_results(l, pos_slice).movedim(-2, 0) for l in range(stop)]
         labels = [f"L{l}H{h}" for l in range(stop) for h in range(parts[l].shape[0])]
         if parts:
             stack = torch.cat(parts, dim=0)  # [layer * head, batch, pos, d_model]
@@ -305,7 +333,8 @@ class Activations(CacheHabits, dict):
 
         Labels "0_pre", "0_mid" (incl_mid), ..., "final_post" (layer = n_layers, the default).
         mlp_input adds resid_mid of `layer`. apply_ln: at the final layer each entry goes through
-        the model's final norm (statistics recomputed per entry, weights applied: the logit lens);
+        the model's final norm (statistics recomputed per entry, weights applied: the logit lens; @ W_U
+        gives logits before a final soft-cap, Gemma 2/3's c * tanh(x / c), which hs.logit_lens applies);
         before it, entries are divided by the cached ln1/ln2 scale of `layer` (TransformerLens's
         rule) and multiplied by that norm's weight. pos_slice keeps those positions.
         Parallel-block models (GPT-NeoX) have no resid_mid, so incl_mid raises SiteError.

@@ -26,6 +26,7 @@ import torch
 
 from headscope.errors import ConfigError, HeadscopeWarning
 from headscope.hooks.memories import mlp_memories
+from headscope.hooks.post_norm import post_mlp_norm, through_norm
 from headscope.models.moe_layout import expert_layout
 
 
@@ -99,6 +100,26 @@ def _token_ids(model, tokens: Any) -> torch.Tensor:
     return torch.as_tensor(tokens, dtype=torch.long)
 
 
+def final_softcap(model) -> float | None:
+    """The model's final-logit soft-cap c (Gemma 2/3's config.final_logit_softcapping: the output is
+    c * tanh(logits / c)), None without one."""
+    config = getattr(getattr(model.bridge, "original_model", None), "config", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+    return float(cap) if cap else None
+
+
+def _warn_softcap(model) -> None:
+    """Once per model (review 18b A2): logit_attrs' rows sum to the logit (difference) before a final soft-cap."""
+    cap = final_softcap(model)
+    if cap is None or getattr(model, "_headscope_softcap_warned", False):
+        return
+    model._headscope_softcap_warned = True
+    c = f"{cap:g}"
+    warnings.warn(f"logit_attrs on {model.facts.name}: the rows (with incl_bias=True) sum to the logit (difference) "
+                  f"before the final soft-cap {c} * tanh(x / {c}), not to the model's output; the cap is not linear, so "
+                  f"no row is a share of the capped logit.", HeadscopeWarning, stacklevel=3)
+
+
 def _check_scale_shape(stack: torch.Tensor, scale: torch.Tensor, pos_slice: Any) -> None:
     """A stack [components, *axes, d_model] must carry exactly the cached scale's axes [*axes, 1]
     (after the slices): a stack sliced to some positions against every position's scale
@@ -147,7 +168,10 @@ class CacheHabits:
         then sum to the final logit (difference) less the final norm's bias and the unembedding
         bias along the direction (TransformerLens folds both into b_U and leaves them out);
         incl_bias=True appends that constant as one more row, so the rows sum to the logit
-        (difference) exactly. With a wrong answer the numbers equal TransformerLens's on a folded
+        (difference) exactly; on a model that soft-caps its final logits (Gemma 2/3's
+        final_logit_softcapping c: c * tanh(x / c) after the unembedding) that is the logit
+        (difference) before the final soft-cap, since the cap is not linear (the output is c * tanh of
+        each logit / c), and a warning says so once per model. With a wrong answer the numbers equal TransformerLens's on a folded
         model (compatibility mode); for a single answer its center_unembed reads W_U[:, a] minus
         the vocabulary mean of W_U instead.
 
@@ -160,6 +184,7 @@ class CacheHabits:
                               "(apply_ln=True or apply_ln_to_stack): the norm would be applied twice. Pass the "
                               "unscaled stack, e.g. cache.decompose_resid(pos_slice=-1) without apply_ln=True.")
         model = self._needs_model("logit_attrs")
+        _warn_softcap(model)
         ids = _token_ids(model, tokens)
         directions = model.tokens_to_residual_directions(ids)  # [*ids.shape, d_model]
         wrong = None
@@ -213,7 +238,10 @@ class CacheHabits:
         "bias" is the rest of the stream (the attention output biases, and the MLP output biases
         when neurons are expanded; 0 up to rounding for bias-free models): computed as the stream
         less the other rows, so the rows sum to it exactly (TransformerLens reads the bias
-        weights). apply_ln as `apply_ln_to_stack`; project_output_onto [d_model] or [d_model, k]
+        weights). On post-norm blocks (Gemma 2/3, OLMo 2) each head's and neuron's row is its write
+        through the block's post-attention / post-MLP norm frozen at its scale on the whole output
+        (stack_head_results, hooks.post_norm), so "bias" stays 0 there too (review 18d A1).
+        apply_ln as `apply_ln_to_stack`; project_output_onto [d_model] or [d_model, k]
         multiplies the result (the last axis squeezed for a vector).
         """
         self._refuse_post_ln("get_full_resid_decomposition")
@@ -229,7 +257,13 @@ class CacheHabits:
                     post = slice_axis(self["mlp_post", l], pos_slice, -2)  # [batch, pos, d_mlp]
                     mem = mlp_memories(model, l)  # values [d_mlp, d_model]: W_out's rows, or every expert's
                     w_out = mem.values.detach().to(device=post.device, dtype=post.dtype)
-                    comps.append((post.unsqueeze(-1) * w_out).movedim(-2, 0))  # [d_mlp, batch, pos, d_model]
+                    writes = post.unsqueeze(-1) * w_out  # [batch, pos, d_mlp, d_model]
+                    norm = post_mlp_norm(model.bridge.blocks[l]) if self._post_norm_on() else None
+                    if norm is not None:  # Gemma 2/3, OLMo 2: each neuron's write through the post-MLP norm
+                        pre = post @ w_out + mem.out_bias.detach().to(post)  # [batch, pos, d_model] the MLP's output
+                        normed = slice_axis(self["mlp_out", l], pos_slice, -2) if ("mlp_out", l) in self else None
+                        writes = through_norm(model, norm, writes, pre, normed, f"Block {l}'s neuron writes")
+                    comps.append(writes.movedim(-2, 0))  # [d_mlp, batch, pos, d_model]
                     layout = expert_layout(model, l)
                     labels += _neuron_labels(l, mem, None if layout is None else layout.n_experts)
             else:

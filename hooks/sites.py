@@ -36,8 +36,10 @@ SITES: dict[str, SiteKind] = {
     "resid_post": SiteKind(template="blocks.{layer}.hook_resid_post", shape="[batch, pos, d_model]",
                            doc="residual stream out of the block"),
     "attn_out": SiteKind(template="blocks.{layer}.hook_attn_out", shape="[batch, pos, d_model]",
-                         doc="attention output (sum of heads + bias)"),
-    "mlp_out": SiteKind(template="blocks.{layer}.hook_mlp_out", shape="[batch, pos, d_model]", doc="MLP output"),
+                         doc="attention output as added to the residual stream (sum of heads + bias; post-norm "
+                             "blocks, Gemma 2/3 and OLMo 2: after the post-attention norm)"),
+    "mlp_out": SiteKind(template="blocks.{layer}.hook_mlp_out", shape="[batch, pos, d_model]",
+                        doc="MLP output as added to the residual stream (post-norm blocks: after the post-MLP norm)"),
     "q": SiteKind(template="blocks.{layer}.attn.hook_q", shape="[batch, pos, head, d_head]", doc="queries", head_dim=2),
     "k": SiteKind(template="blocks.{layer}.attn.hook_k", shape="[batch, pos, kv_head, d_head]",
                   doc="keys (n_kv_heads under grouped-query attention)", head_dim=2),
@@ -48,13 +50,15 @@ SITES: dict[str, SiteKind] = {
     "rot_k": SiteKind(template="blocks.{layer}.attn.hook_rot_k", shape="[batch, pos, kv_head, d_head]",
                       doc="keys after RoPE (rotary models); what the KV cache stores", head_dim=2),
     "scores": SiteKind(template="blocks.{layer}.attn.hook_attn_scores", shape="[batch, head, query_pos, key_pos]",
-                       doc="scaled, masked attention scores", pos_dim=2, head_dim=1),
+                       doc="scaled, masked attention scores (soft-capped before the mask where the model caps "
+                           "them, Gemma 2; masked entries hold the dtype's minimum, not -inf)", pos_dim=2, head_dim=1),
     "pattern": SiteKind(template="blocks.{layer}.attn.hook_pattern", shape="[batch, head, query_pos, key_pos]",
                         doc="attention weights (softmax of scores)", pos_dim=2, head_dim=1),
     "z": SiteKind(template="blocks.{layer}.attn.hook_z", shape="[batch, pos, head, d_head]",
                   doc="per-head mix of values (pattern @ v)", head_dim=2),
     "result": SiteKind(template="blocks.{layer}.attn.hook_result", shape="[batch, pos, head, d_model]",
-                       doc="per-head output z @ W_O (computed by headscope)", head_dim=2),
+                       doc="per-head output z @ W_O (computed by headscope; post-norm blocks: before the "
+                           "post-attention norm)", head_dim=2),
     "mlp_pre": SiteKind(template="blocks.{layer}.mlp.hook_pre", shape="[batch, pos, d_mlp]",
                         doc="MLP pre-activation (gate projection for gated MLPs)"),
     "mlp_pre_linear": SiteKind(template="blocks.{layer}.mlp.hook_pre_linear", shape="[batch, pos, d_mlp]",
@@ -76,13 +80,38 @@ SCORES_AS_WEIGHTS = ("on this model the attention weights after softmax, equal t
                      "attention to the Hugging Face module, which returns weights, not scores")
 
 
-def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool = False) -> tuple[str, str]:
+MASKED = "masked entries hold the dtype's minimum, as Hugging Face's additive mask gives, not -inf"
+
+
+def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool = False, *,
+                  post_norms: tuple[str, ...] | list[str] | None = None,
+                  score_softcap: float | None = None) -> tuple[str, str]:
     """(shape, doc) of a site kind for the sites table; on multi-head latent attention (ModelFacts.mla) the
     q/k/v/rot sites' true widths and what the cache holds (HF's DeepseekV3Attention caches the normed latent and
     the one roped key, and expands per-head K/V from them; review 16v C2). scores_hold_weights
-    (hooks.edits.scores_hold_weights): the scores site holds the softmax weights there (review 17d A3)."""
+    (hooks.edits.scores_hold_weights): the scores site holds the softmax weights there (review 17d A3).
+    With a model's facts (review 18d A2) the docs say what this model's hook holds: post_norms
+    (hooks.post_norm.post_norms: "post-attention", "post-MLP") and score_softcap (attn_softcap: Gemma 2's
+    attn_logit_softcapping c, the scores c * tanh(s / c) before the mask); None: the generic SITES docs."""
     if kind == "scores" and scores_hold_weights:
         return SITES[kind].shape, SCORES_AS_WEIGHTS
+    if post_norms is not None or score_softcap is not None:
+        norms = post_norms or ()
+        specific = {
+            "attn_out": ("attention output after the block's post-attention norm, as added to the residual stream "
+                         "(the norm of the heads' sum + bias)") if "post-attention" in norms else
+                        "attention output as added to the residual stream (sum of heads + bias)",
+            "mlp_out": "MLP output after the block's post-MLP norm, as added to the residual stream"
+                       if "post-MLP" in norms else "MLP output as added to the residual stream",
+            "result": ("per-head output z @ W_O, before the post-attention norm (computed by headscope; "
+                       "cache.stack_head_results gives each head's write through the norm)")
+                      if "post-attention" in norms else "per-head output z @ W_O (computed by headscope)",
+            "scores": (f"scaled attention scores soft-capped to {score_softcap:g} * tanh(s / {score_softcap:g}), "
+                       f"then masked ({MASKED})") if score_softcap is not None else
+                      f"scaled, masked attention scores ({MASKED})",
+        }
+        if kind in specific:
+            return SITES[kind].shape, specific[kind]
     if not mla or kind not in ("q", "k", "v", "rot_q", "rot_k"):
         return SITES[kind].shape, SITES[kind].doc
     qk, rope, v, latent = mla["d_head_qk"], mla["d_head_rope"], mla["d_head_v"], mla["kv_lora_rank"]
@@ -95,6 +124,14 @@ def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool 
         "rot_k": (f"[batch, pos, 1, {rope}]", f"the rotary key after RoPE, one shared by all heads; the KV cache "
                                               f"stores it and the normed latent ({latent} wide), not per-head keys"),
     }[kind]
+
+
+def attn_softcap(model) -> float | None:
+    """The model's attention-score soft-cap c (Gemma 2's config.attn_logit_softcapping: scores c * tanh(s / c)
+    before the mask, as hook_attn_scores holds them), None without one."""
+    config = getattr(getattr(model.bridge, "original_model", None), "config", None)
+    cap = getattr(config, "attn_logit_softcapping", None)
+    return float(cap) if cap else None
 
 
 COMPUTED = {"result"}  # sites headscope computes rather than reads from a hook point

@@ -47,8 +47,9 @@ from dataclasses import dataclass
 import torch
 
 from headscope.analyses.circuits.lens import final_softcap, unembed
-from headscope.execution.block_shape import post_attention_norm, post_mlp_norm
+from headscope.execution.block_shape import post_attention_norm
 from headscope.hooks import head_result, site
+from headscope.hooks.post_norm import frozen_norm, post_norms  # post_norms: the finding says which (dla.post_norms)
 from headscope.models.readout import unembed_weight
 
 KINDS = ("embed", "pos_embed", "head", "attn_bias", "mlp", "remainder", "ln_final_bias", "unembed_bias")
@@ -136,42 +137,6 @@ def attn_bias_parts(model) -> dict | None:
         if ln1 is not None and isinstance(getattr(ln1, "bias", None), torch.Tensor) and "ln1's bias through W_V" not in value:
             value.append("ln1's bias through W_V")
     return {"value": value, "b_O": has_b_o} if value else None
-
-
-def post_norms(model) -> list[str]:
-    """Which writes pass through a norm of their own before the residual add ("post-attention",
-    "post-MLP": Gemma 2/3's and OLMo 2's post-norm blocks), [] for pre-norm and parallel blocks: the
-    finding says on such models that each head's write is read through its layer's post-attention norm
-    frozen at its actual scale (and each MLP's after its post-MLP norm), not only the final norm."""
-    blocks = model.bridge.blocks
-    return [name for name, norm in (("post-attention", post_attention_norm), ("post-MLP", post_mlp_norm))
-            if any(norm(b) is not None for b in blocks)]
-
-
-def frozen_norm(norm, pre: torch.Tensor, normed: torch.Tensor, *, offset: bool = False):
-    """The linear map v -> w * centre(v) / s of `norm` with its scale s frozen at the value it
-    had on `pre` [batch, d_model] (the whole attention output; normed = norm(pre)), as a function
-    of [batch, ..., d_model]. s is read back from what the norm did: 1/s = <normed - b, w c(pre)> /
-    |w c(pre)|^2 (exact for x -> w c(x) / s + b), so no eps is guessed. offset: the norm multiplies
-    by 1 + weight (Gemma; the bridge's cfg.rmsnorm_uses_offset)."""
-    centre = "rms" not in type(norm).__name__.lower()  # LayerNorm centres, RMSNorm does not
-    w = norm.weight.detach().float().to(pre.device)
-    if offset:
-        w = 1.0 + w
-    b = getattr(norm, "bias", None)
-    b = b.detach().float().to(pre.device) if isinstance(b, torch.Tensor) else 0.0
-
-    def c(v: torch.Tensor) -> torch.Tensor:
-        return v - v.mean(-1, keepdim=True) if centre else v
-
-    wp = w * c(pre.float())  # [batch, d_model]
-    inv = ((normed.float() - b) * wp).sum(-1) / (wp * wp).sum(-1).clamp_min(1e-30)  # [batch]
-
-    def apply(v: torch.Tensor) -> torch.Tensor:
-        shape = (v.shape[0],) + (1,) * (v.dim() - 1)
-        return w * c(v.float()) * inv.view(shape)
-
-    return apply
 
 
 def project(model, writes: torch.Tensor, scale: torch.Tensor | None, directions: torch.Tensor) -> torch.Tensor:

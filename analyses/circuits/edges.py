@@ -43,6 +43,7 @@ from headscope.analyses.core.contract import one_token_answers
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError, UnsupportedModelError
 from headscope.execution.batching import rows_per_pass
+from headscope.hooks.post_norm import post_attention_norm
 
 
 # ---- the graph -----------------------------------------------------------------------------
@@ -327,10 +328,17 @@ def check_additive(model, w_clean, w_corr, r_clean, r_corr) -> None:
     err, tol = additive_error(model, w_clean, w_corr, r_clean, r_corr)
     if err > tol:
         dtype = str(model.dtype).removeprefix("torch.")
+        miss = f"relative error {err:.2g}, beyond the {tol:.2g} that {dtype} rounding allows"
+        if any(post_attention_norm(b) is not None for b in model.bridge.blocks):  # review 18d B1, 18b B2
+            raise UnsupportedModelError(
+                f"{model.facts.name}: its blocks pass the heads' summed output through a post-attention norm before "
+                f"adding it to the residual stream (post-norm), so the heads' raw writes z_h W_O with the embedding "
+                f"and MLP writes miss the stream ({miss}); through the norm a head's write depends on its layer's "
+                "other heads (the norm's scale), and edge attribution needs each head's write added unchanged.")
         raise UnsupportedModelError(
-            f"{model.facts.name}: the residual stream is not the sum of the embedding, head and MLP writes (relative "
-            f"error {err:.2g}, beyond the {tol:.2g} that {dtype} rounding allows): its blocks normalise or scale what "
-            "they add (post-norm), and edge attribution needs blocks that add their writes unchanged.")
+            f"{model.facts.name}: the senders' writes as captured (the embedding, each head's z_h W_O, each MLP's "
+            f"output) do not sum to the residual stream ({miss}): its blocks scale or transform what they add, "
+            "and edge attribution needs blocks that add their writes unchanged.")
 
 
 # ---- scoring -------------------------------------------------------------------------------

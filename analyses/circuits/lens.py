@@ -20,6 +20,7 @@ import torch
 
 from headscope.errors import ConfigError
 from headscope.hooks import site
+from headscope.hooks.residual import final_softcap  # the reader the cache's logit_attrs shares
 from headscope.models.readout import unembed_bias, unembed_weight
 
 TARGETS = ("next", "answer")  # lens target at position p: the token after p (the answer at the end), or the answer
@@ -45,13 +46,6 @@ def unembed(model, states: torch.Tensor) -> torch.Tensor:
     out = out if b_u is None else out + b_u
     scale = model.facts.logit_scale
     return out if scale == 1.0 else out * scale
-
-
-def final_softcap(model) -> float | None:
-    """The model's final-logit soft cap (Gemma 2's config.final_logit_softcapping), None without one."""
-    config = getattr(getattr(model.bridge, "original_model", None), "config", None)
-    cap = getattr(config, "final_logit_softcapping", None)
-    return float(cap) if cap else None
 
 
 def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:

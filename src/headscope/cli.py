@@ -242,7 +242,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_sites(args: argparse.Namespace) -> int:
     from headscope.hooks.edits import scores_hold_weights
-    from headscope.hooks.sites import available_sites, describe_site, parse_site
+    from headscope.hooks.post_norm import post_norms
+    from headscope.hooks.sites import attn_softcap, available_sites, describe_site, parse_site
     from headscope.models import load_model
 
     _warn_remote_code(args)
@@ -255,10 +256,12 @@ def _cmd_sites(args: argparse.Namespace) -> int:
               f"rot_q, rot_k: that rotary part, rot_k one key shared by all heads) and {m['d_head_v']} for v and z")
     names = available_sites(model)
     weights = scores_hold_weights(model)  # review 17d A3: GPT-Neo's, OPT's hook_attn_scores holds the weights
+    norms, cap = post_norms(model), attn_softcap(model)  # review 18d A2: what this model's hooks hold
     print(f"{len(names)} sites:")
     for name in names:
         kind, _ = parse_site(name)
-        shape, doc = describe_site(kind, model.facts.mla, scores_hold_weights=weights)
+        shape, doc = describe_site(kind, model.facts.mla, scores_hold_weights=weights, post_norms=norms,
+                                   score_softcap=cap)
         print(f"  {name:<40} {shape:<36} {doc}")
     return 0
 

@@ -417,9 +417,14 @@ def test_additivity_allows_bfloat16_rounding_and_refuses_a_post_norm_gemma2(tiny
     with E.edge_hooks_enabled(gemma.bridge):
         w_c, _, r_c = E.capture_writers(gemma, task.tokens, None, final=True)
         w_k, _, r_k = E.capture_writers(gemma, task.corrupted_tokens, None, final=True)
-    with pytest.raises(UnsupportedModelError, match=r"relative error .* beyond the 0.001 that float32 rounding allows"):
+    # review 18d B1: the stream is the sum of the normed writes; what misses it is the heads' raw z_h W_O
+    with pytest.raises(UnsupportedModelError, match=r"its blocks pass the heads' summed output through a post-attention "
+                       r"norm before adding it to the residual stream \(post-norm\), so the heads' raw writes z_h W_O "
+                       r"with the embedding and MLP writes miss the stream \(relative error .* beyond the 0.001 that "
+                       r"float32 rounding allows\); through the norm a head's write depends on its layer's other heads"):
         E.check_additive(gemma, w_c, w_k, r_c, r_k)
     s = circuits.run(gemma, task, circuits.CircuitsConfig(quick=True, k_values=(1,))).summary
     assert "post-norm" in s["edges_skipped"] and "mib_cpr" not in s
+    assert "the residual stream is not the sum" not in s["edges_skipped"]
     assert ("Edge attribution, the circuit's faithfulness and MIB's CPR/CMD were not run: "
             f"{s['edges_skipped'].rstrip('.')}.") in finding("circuits", s)
