@@ -257,7 +257,8 @@ class CacheHabits:
                     post = slice_axis(self["mlp_post", l], pos_slice, -2)  # [batch, pos, d_mlp]
                     mem = mlp_memories(model, l)  # values [d_mlp, d_model]: W_out's rows, or every expert's
                     w_out = mem.values.detach().to(device=post.device, dtype=post.dtype)
-                    writes = post.unsqueeze(-1) * w_out  # [batch, pos, d_mlp, d_model]
+                    scale = float(getattr(getattr(model, "facts", None), "residual_scale", 1.0))  # Granite's x0.22
+                    writes = post.unsqueeze(-1) * (w_out * scale)  # [batch, pos, d_mlp, d_model] as added
                     norm = post_mlp_norm(model.bridge.blocks[l]) if self._post_norm_on() else None
                     if norm is not None:  # Gemma 2/3, OLMo 2: each neuron's write through the post-MLP norm
                         pre = post @ w_out + mem.out_bias.detach().to(post)  # [batch, pos, d_model] the MLP's output

@@ -271,3 +271,24 @@ def test_bfloat16_dla_tolerance_from_the_rounding_steps_catches_five_percent():
     dla, logits = _bloom_like(0.5)
     with pytest.warns(HeadscopeWarning, match="miss the model's own logit"):
         assert not circuits.dla_summary(dla, logits, "answer - wrong_answer", 2, dtype=torch.bfloat16)["dla_reconstruction_ok"]
+
+
+def test_granite_neuron_rows_are_the_writes_as_added(granite):
+    """Each layer's neuron rows of get_full_resid_decomposition sum to HF's MLP output x residual_multiplier
+    (the write the block adds; they missed the x0.22), and the bias row of the bias-free model is ~0."""
+    model, hf = granite
+    tokens = random_tokens(1, 8, seed=5)
+    got, handles = {}, []
+    for l, layer in enumerate(hf.model.layers):
+        handles.append(layer.mlp.register_forward_hook(lambda m, a, o, l=l: got.__setitem__(l, o[0, -1])))
+    with torch.no_grad():
+        hf(tokens)
+    for h in handles:
+        h.remove()
+    _, cache = hs.run_with_cache(model, tokens)
+    stack, labels = cache.get_full_resid_decomposition(pos_slice=-1, return_labels=True)
+    for l in got:
+        rows = [i for i, name in enumerate(labels) if name.startswith(f"L{l}N")]
+        assert rows, labels[:5]
+        assert torch.allclose(stack[rows, 0].sum(0), got[l] * hf.config.residual_multiplier, atol=1e-5)
+    assert float(stack[labels.index("bias"), 0].abs().max()) < 1e-4
