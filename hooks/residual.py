@@ -228,7 +228,7 @@ class CacheHabits:
                                      apply_ln: bool = False, pos_slice: Any = None, return_labels: bool = False,
                                      project_output_onto: torch.Tensor | None = None):
         """The stream into `layer` (its MLP with mlp_input; None / -1: the unembedding) as every
-        head's result ("L0H0", ...), every neuron's (post-activation x its W_out row, "L0N0", ...;
+        head's result ("L0H0", ...), every neuron's (post-activation x its W_out row x the residual-write scale, "L0N0", ...;
         each layer's mlp_out with expand_neurons=False, "0_mlp_out"), "embed", "pos_embed", and
         "bias": [components, batch, pos, d_model], in TransformerLens's order and labels. On a
         mixture of experts the neurons are the memories of hooks.memories (every routed expert's,
