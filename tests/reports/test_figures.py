@@ -3768,8 +3768,6 @@ def test_fitters_draw_once_where_nothing_changed_and_measure_what_a_fresh_draw_d
     three times). A figure whose title and y label fit is drawn once by fit_labels and fit_figure_labels together,
     and saves the same PNG as the same figure never fitted; after a change it is drawn again, and each extent read
     equals a fresh figure's, drawn in full."""
-    import matplotlib
-
     from headscope.reports.plots import drawn, fit_figure_labels, fit_labels
 
     def make(title):
@@ -3785,24 +3783,23 @@ def test_fitters_draw_once_where_nothing_changed_and_measure_what_a_fresh_draw_d
         return buf.getvalue()
 
     try:
-        with matplotlib.rc_context({"backend": "agg"}):
-            fig, ax = make("short")
-            calls = _counting_draws(fig)
-            assert not fit_labels(ax) and fit_figure_labels(fig) is fig
-            assert len(calls) == 1  # the old fitters: 3 (fit_title, fit_labels, fit_figure_labels)
-            assert png(fig) == png(make("short")[0])
-            ax.set_title("a title of another width")
-            renderer = drawn(fig)
-            assert len(calls) == 2
-            fresh, fresh_ax = make("short")
-            fresh_ax.set_title("a title of another width")
-            fresh.draw_without_rendering()
-            got = ax.title.get_window_extent(renderer).bounds
-            assert got == fresh_ax.title.get_window_extent(fresh.canvas.get_renderer()).bounds
-            constrained = plt.figure(layout="constrained")  # its layout runs at each draw: always drawn again
-            calls = _counting_draws(constrained)
-            drawn(constrained), drawn(constrained)
-            assert len(calls) == 2
+        fig, ax = make("short")
+        calls = _counting_draws(fig)
+        assert not fit_labels(ax) and fit_figure_labels(fig) is fig
+        assert len(calls) == 1  # the old fitters: 3 (fit_title, fit_labels, fit_figure_labels)
+        assert png(fig) == png(make("short")[0])
+        ax.set_title("a title of another width")
+        renderer = drawn(fig)
+        assert len(calls) == 2
+        fresh, fresh_ax = make("short")
+        fresh_ax.set_title("a title of another width")
+        fresh.draw_without_rendering()
+        got = ax.title.get_window_extent(renderer).bounds
+        assert got == fresh_ax.title.get_window_extent(fresh.canvas.get_renderer()).bounds
+        constrained = plt.figure(layout="constrained")  # its layout runs at each draw: always drawn again
+        calls = _counting_draws(constrained)
+        drawn(constrained), drawn(constrained)
+        assert len(calls) == 2
     finally:
         plt.close("all")
 
