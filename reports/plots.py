@@ -52,6 +52,19 @@ def laid_out(ax: Any) -> Any:
     return ax.figure
 
 
+def drawn(fig: Any) -> Any:
+    """`fig`'s renderer after a draw at its current state: the draw (fig.draw_without_rendering) is skipped where
+    nothing changed since the last one (matplotlib's `stale` flag, set by every change to an artist, its text, the
+    axes' positions, the figure's size), so that fitters called in turn measure one layout. A figure with a layout
+    engine that runs at each draw (constrained) is always drawn again. Every fitter measures through it."""
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
+    engine = fig.get_layout_engine()
+    if fig.stale or not (engine is None or isinstance(engine, PlaceHolderLayoutEngine)):
+        fig.draw_without_rendering()
+    return fig.canvas.get_renderer()
+
+
 def wrap_to_width(line: str, wide: Callable[[str], float], width: float, least: int = 10, **wrap: Any) -> list[str]:
     """`line` re-wrapped (textwrap, with `wrap`'s options) until no part is wider than `width` as `wide` measures it:
     each try at fewer characters a line, scaled by how far the widest part overshoots, never under `least` (a part
@@ -71,7 +84,7 @@ def fit_title(ax: Any) -> bool:
     and layout), then lay the figure out again: a centred title then stays over its axes, clear of a colour bar's
     label beside them (review 9b B3: a two-line title ran under it). Returns whether the title changed."""
     fig, title = ax.figure, ax.title
-    fig.draw_without_rendering()
+    drawn(fig)
     renderer = fig.canvas.get_renderer()
     width = ax.get_window_extent(renderer).width
 
@@ -96,7 +109,7 @@ def keep_drawn_size(ax: Any, height: float = MIN_MAP_INCHES, width: float = MIN_
     Returns whether it grew."""
     fig, grown = ax.figure, False
     for _ in range(4):  # a new layout may re-place the text a little: measure again
-        fig.draw_without_rendering()
+        drawn(fig)
         box = ax.get_window_extent(fig.canvas.get_renderer())
         short = (max(0.0, width - box.width / fig.dpi), max(0.0, height - box.height / fig.dpi))  # inches
         if max(short) < 0.01:
@@ -117,7 +130,7 @@ def fit_bar_label(bar: Any) -> bool:
     Never shrunk. Returns whether anything changed."""
     fig, text = bar.figure, bar.yaxis.label
     text.set_fontsize(max(BAR_LABEL_POINTS, text.get_fontsize()))
-    fig.draw_without_rendering()
+    drawn(fig)
     renderer = fig.canvas.get_renderer()
     tall = bar.get_window_extent(renderer).height
 
@@ -130,7 +143,7 @@ def fit_bar_label(bar: Any) -> bool:
     if wrapped != written:
         bar.set_ylabel(wrapped)
     fig.tight_layout()
-    fig.draw_without_rendering()
+    drawn(fig)
     needed = (text.get_window_extent(renderer).height + 4) / fig.dpi  # inches, a few pixels clear
     keep_drawn_size(bar, height=needed, width=0.0)
     return True
@@ -152,7 +165,7 @@ def fit_labels(ax: Any) -> bool:
     changed = fit_title(ax)
     if not label.get_text() or not label.get_visible():
         return changed
-    fig.draw_without_rendering()
+    drawn(fig)
     renderer = fig.canvas.get_renderer()
     height = ax.get_window_extent(renderer).height
     if label.get_window_extent(renderer).height <= height + 0.5:
@@ -166,13 +179,13 @@ def fit_labels(ax: Any) -> bool:
     if text != written:
         label.set_text(text)
         fig.tight_layout()
-        fig.draw_without_rendering()
+        drawn(fig)
         fits = label.get_window_extent(renderer).height <= ax.get_window_extent(renderer).height + 0.5
         if not fits or _touching_xticks(ax, renderer) > crowded:
             label.set_text(written)  # wrapping cannot fit: grow instead
             fig.tight_layout()
         changed = True
-    fig.draw_without_rendering()
+    drawn(fig)
     needed = (label.get_window_extent(renderer).height + 4) / fig.dpi  # inches, a few pixels clear
     return keep_drawn_size(ax, height=needed, width=0.0) or changed
 
@@ -188,7 +201,7 @@ def _touching_xticks(ax: Any, renderer: Any) -> int:
 def fit_figure_labels(fig: Any) -> Any:
     """`fit_labels` on each of `fig`'s axes whose y label is taller than it or touches its title (colour bars
     excepted): what every figure `plot_result` returns has passed. Returns `fig`."""
-    fig.draw_without_rendering()
+    drawn(fig)
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
         label = ax.yaxis.label
@@ -208,7 +221,7 @@ def thin_xtick_labels(ax: Any, pad: float = 4.0, order: Any = None) -> list[int]
     Returns the blanked ticks' indices, so that the caller can say elsewhere what they would have read. Later layouts
     that only widen the axes keep it true."""
     fig = ax.figure
-    fig.draw_without_rendering()  # positions and text of the ticks as they will be drawn
+    drawn(fig)  # positions and text of the ticks as they will be drawn
     renderer = fig.canvas.get_renderer()
     ticks = list(ax.get_xticks())
     texts = [t.get_text() for t in ax.get_xticklabels()]
@@ -225,6 +238,24 @@ def thin_xtick_labels(ax: Any, pad: float = 4.0, order: Any = None) -> list[int]
     if blanked:
         ax.set_xticks(ticks, ["" if i in blanked else text for i, text in enumerate(texts)])
     return sorted(blanked)
+
+
+def blank_xticks(ax: Any) -> list[int]:
+    """The indices of `ax`'s x tick labels that are blank (thinned, or written empty)."""
+    return [i for i, t in enumerate(ax.get_xticklabels()) if not t.get_text()]
+
+
+def rethin_until_settled(ax: Any, refit: Callable[[], Any], tries: int, blanked: list[int] | None = None) -> None:
+    """The re-thinning step that plots_patching.fit_position_ticks and plots_kv.fit_budget_ticks share: `refit()` (their
+    thinning and label fitting at the figure's current layout) up to `tries` times, until the x tick labels it leaves
+    blank (`blank_xticks`) are those the call before left; `blanked`: those before the first call (None: it runs at least
+    twice)."""
+    for _ in range(tries):
+        refit()
+        now = blank_xticks(ax)
+        if now == blanked:
+            return
+        blanked = now
 
 
 def axes(ax: Any = None, size: tuple[float, float] = (7, 4)) -> Any:

@@ -26,11 +26,14 @@ from headscope.reports.kv_words import finding as finding  # the headline: famil
 from headscope.reports.plots import (
     LAYERS,
     axes,
+    blank_xticks,
+    drawn,
     fit_labels,
     fit_title,
     keep_drawn_size,
     laid_out,
     quiet_reason,
+    rethin_until_settled,
     thin_xtick_labels,
     wrap_to_width,
 )
@@ -257,7 +260,8 @@ def fit_budget_ticks(ax, *, layout: bool = True) -> None:
     if xlabel is None:
         return
     fig = ax.figure
-    for _ in range(4):
+
+    def refit() -> None:
         if layout:
             fig.tight_layout()
         blanked = [i for i, t in enumerate(ax.get_xticklabels()) if i < len(texts) and texts[i] and not t.get_text()]
@@ -265,12 +269,11 @@ def fit_budget_ticks(ax, *, layout: bool = True) -> None:
         if blanked:  # close budgets (16 and 19 on a log axis): their labels would run together
             # review 16dv C2: a budget and its count stay on one line (a no-break space while wrapping)
             lines.append("unlabelled ticks: " + ", ".join(texts[i].replace("\n", "\u00a0(") + ")" for i in blanked))
-        fig.draw_without_rendering()
-        renderer = fig.canvas.get_renderer()
+        renderer = drawn(fig)
         width = ax.get_window_extent(renderer).width
         label = ax.xaxis.label
 
-        def wide(text: str, label=label, renderer=renderer) -> float:
+        def wide(text: str) -> float:
             label.set_text(text)
             return label.get_window_extent(renderer).width
 
@@ -278,8 +281,9 @@ def fit_budget_ticks(ax, *, layout: bool = True) -> None:
                       .replace("\u00a0", " "))
         if layout:
             fig.tight_layout()
-        if not thin_xtick_labels(ax):
-            return
+        thin_xtick_labels(ax)  # a new blank: the x label lists it, and the axes narrow; fit again
+
+    rethin_until_settled(ax, refit, 4, blank_xticks(ax))
 
 
 NORMS_HEIGHT = 2.2  # inches: the norms plot's drawn height at the least, however many lines its title and x label take
@@ -372,7 +376,7 @@ def fit_title_parts(ax) -> None:
     fig = ax.figure
     for _ in range(2):  # a new title height moves the axes a little: measure again
         fig.tight_layout()
-        fig.draw_without_rendering()
+        drawn(fig)
         renderer = fig.canvas.get_renderer()
         width = ax.get_window_extent(renderer).width
         for parts, text, setter in ((titles, ax.title, ax.set_title), (xlabels, ax.xaxis.label, ax.set_xlabel)):

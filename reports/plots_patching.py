@@ -43,12 +43,14 @@ from headscope.reports.patching_words import finding as finding  # the headline:
 from headscope.reports.plots import (
     axes,
     color_scale,
+    drawn,
     fit_bar_label,
     fit_title,
     hatch_cells,
     keep_drawn_size,
     laid_out,
     quiet_reason,
+    rethin_until_settled,
     scale_ticks,
     symmetric_bound,
     thin_xtick_labels,
@@ -152,14 +154,14 @@ def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Seq
                               ax.get_xticklabels()[0].get_rotation() if len(ax.get_xticklabels()) else 0.0,
                               ax.get_xlabel(), (offsets, plain, keep, partial, n_prompts, prompt_end))
     fig.tight_layout()  # the layout the figure is saved with (laid_out): measure the labels there
-    fig.draw_without_rendering()
+    drawn(fig)
     renderer = fig.canvas.get_renderer()
     boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
     if all(a.x1 + PAD <= b.x0 for a, b in zip(boxes, boxes[1:])):
         return False
     plain = [text.removesuffix(" (last)") for text in plain]  # narrow: the x label says -1 is the last position
     ax.set_xticks(ax.get_xticks(), plain, rotation=0)
-    fig.draw_without_rendering()
+    drawn(fig)
     widths = [t.get_window_extent(renderer).width for t, o in zip(ax.get_xticklabels(), offsets) if o != -1]
     cell = ax.get_window_extent(renderer).width / max(1, len(offsets))
     step = next((k for k in STEPS if k * cell >= max(widths, default=0.0) + PAD), STEPS[-1])
@@ -180,18 +182,17 @@ def fit_position_ticks(ax: Axes) -> bool:
     if kept is None:
         return False
     ticks, texts, rotation, xlabel, args = kept
-    blanked, thinned = None, False
-    for _ in range(3):
+    thinned = [False]
+
+    def refit() -> None:
         ax.set_xticks(ticks, texts, rotation=rotation)
         ax.set_xlabel(xlabel)
-        thinned = _legible_positions(ax, *args)
+        thinned[0] = _legible_positions(ax, *args)
         fit_axis_labels(ax)
         keep_drawn_size(ax)
-        now = [i for i, t in enumerate(ax.get_xticklabels()) if not t.get_text()]
-        if now == blanked:
-            break
-        blanked = now
-    return thinned
+
+    rethin_until_settled(ax, refit, 3)
+    return thinned[0]
 
 
 NBSP = "\u00a0"
@@ -204,7 +205,7 @@ def fit_axis_labels(ax: Axes) -> bool:
     its width (never inside a range "at -64 to -60"), and a colour-bar label longer than its bar is broken before
     the parenthesis that ends it; then the figure is laid out again. Returns whether a label changed."""
     fig, label, changed = ax.figure, ax.xaxis.label, False
-    fig.draw_without_rendering()  # the colour bar's label first: breaking it lays the figure out anew
+    drawn(fig)  # the colour bar's label first: breaking it lays the figure out anew
     renderer = fig.canvas.get_renderer()
     bar = next((c.colorbar for c in ax.collections if getattr(c, "colorbar", None) is not None), None)
     said = "" if bar is None else bar.ax.get_ylabel()
@@ -218,7 +219,7 @@ def fit_axis_labels(ax: Axes) -> bool:
     first = label.get_text().split("\n")  # review 12c B1: the axis sentence, then the pale columns' note, each
     paragraphs = [first[0], " ".join(first[1:])] if len(first) > 1 else first  # wrapped whole every time
     for _ in range(5):  # a new layout narrows the map a little: wrap again until the lines fit it
-        fig.draw_without_rendering()
+        drawn(fig)
         renderer = fig.canvas.get_renderer()
         width = ax.get_window_extent(renderer).width
 
@@ -238,7 +239,7 @@ def fit_axis_labels(ax: Axes) -> bool:
         fig.tight_layout()
         changed = True
     if bar is not None:  # review 12c B1: a longer x label shortens the map and its bar; the bar's label stays on it
-        fig.draw_without_rendering()
+        drawn(fig)
         renderer = fig.canvas.get_renderer()
         text, tall = bar.ax.yaxis.label, bar.ax.get_window_extent(renderer).height
         if text.get_window_extent(renderer).height > tall:

@@ -3753,3 +3753,78 @@ def test_kv_sinks_reads_an_older_runs_table_with_the_old_column_names():
             assert (share is None) if kind == "uniform" else share.tolist() == [0.1, 0.1]
     finally:
         plt.close("all")
+
+
+def _counting_draws(fig) -> list:
+    """fig.draw_without_rendering wrapped to record each call; returns the list it appends to."""
+    calls: list = []
+    draw = fig.draw_without_rendering
+    fig.draw_without_rendering = lambda: (calls.append(1), draw())[1]
+    return calls
+
+
+def test_fitters_draw_once_where_nothing_changed_and_measure_what_a_fresh_draw_does():
+    """Speed 18: the fitters called in turn drew the figure again and again with nothing changed (fit_labels drew it
+    three times). A figure whose title and y label fit is drawn once by fit_labels and fit_figure_labels together,
+    and saves the same PNG as the same figure never fitted; after a change it is drawn again, and each extent read
+    equals a fresh figure's, drawn in full."""
+    from headscope.reports.plots import drawn, fit_figure_labels, fit_labels
+
+    def make(title):
+        fig, ax = plt.subplots(figsize=(5, 3))
+        ax.plot([0, 1], [0, 1])
+        ax.set(title=title, ylabel="y", xlabel="x")
+        fig.tight_layout()
+        return fig, ax
+
+    def png(fig):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=50)
+        return buf.getvalue()
+
+    try:
+        fig, ax = make("short")
+        calls = _counting_draws(fig)
+        assert not fit_labels(ax) and fit_figure_labels(fig) is fig
+        assert len(calls) == 1  # the old fitters: 3 (fit_title, fit_labels, fit_figure_labels)
+        assert png(fig) == png(make("short")[0])
+        ax.set_title("a title of another width")
+        renderer = drawn(fig)
+        assert len(calls) == 2
+        fresh, fresh_ax = make("short")
+        fresh_ax.set_title("a title of another width")
+        fresh.draw_without_rendering()
+        got = ax.title.get_window_extent(renderer).bounds
+        assert got == fresh_ax.title.get_window_extent(fresh.canvas.get_renderer()).bounds
+        constrained = plt.figure(layout="constrained")  # its layout runs at each draw: always drawn again
+        calls = _counting_draws(constrained)
+        drawn(constrained), drawn(constrained)
+        assert len(calls) == 2
+    finally:
+        plt.close("all")
+
+
+def test_rethin_until_settled_stops_once_the_blank_ticks_repeat():
+    """The re-thinning loop fit_position_ticks and fit_budget_ticks share: refit runs until the blank tick labels after
+    it are those before it, `tries` runs at the most; from None (nothing before) at least two. Hand-worked from the
+    scripted blanks each run leaves."""
+    from headscope.reports.plots import rethin_until_settled
+
+    def run(blanks, tries, start):
+        fig, ax = plt.subplots()
+        ax.set_xticks(range(5), list("abcde"))
+        script, runs = iter(blanks), []
+
+        def refit():
+            runs.append(1)
+            gone = next(script)
+            ax.set_xticks(range(5), ["" if i in gone else t for i, t in enumerate("abcde")])
+
+        rethin_until_settled(ax, refit, tries, start)
+        plt.close(fig)
+        return len(runs)
+
+    assert run([[1], [1, 3], [1, 3], [0]], 4, None) == 3
+    assert run([[1], [1, 3], [1, 3]], 4, [1]) == 1
+    assert run([[1], [2], [3], [4]], 3, None) == 3  # never settles: `tries` runs at the most
+    assert run([[1], [1]], 4, None) == 2  # from None: twice at the least
