@@ -217,7 +217,8 @@ def test_accuracy_uses_the_exact_binomial_test():
     ref = stats.binomtest(40, 64, p=0.001)
     ci = ref.proportion_ci(0.95, method="exact")
     assert out["at_chance"] is False and out["chance_value"] == 0.001 and out["mean"] == 40 / 64
-    assert out["ci"] == pytest.approx([ci.low, ci.high]) and out["p_value"] == pytest.approx(ref.pvalue)
+    central = 2 * stats.binom.sf(39, 64, 0.001)  # the upper tail doubled: the p the exact interval inverts
+    assert out["ci"] == pytest.approx([ci.low, ci.high]) and out["p_value"] == pytest.approx(central)
     few = chance.assess([1.0] * 3 + [0.0] * 61, "accuracy", vocab_size=1000)  # significant, but 4.7% < 5 points
     assert stats.binomtest(3, 64, p=0.001).pvalue < 0.01 and few["at_chance"] is True
     assert chance.assess([1.0] * 30 + [0.0] * 34, "accuracy", n_classes=2)["at_chance"] is True  # 47% of 2 classes
@@ -382,7 +383,7 @@ def test_the_zoo_model_on_kv_is_not_at_chance(zoo_model):
 def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_models):
     """Position runs on its own sweeps, so it adds the guard itself: per-example accuracy (mean over the
     gold positions) against 1/n_items, the exact binomial when every example is all right or all wrong."""
-    from scipy.stats import binomtest
+    from scipy.stats import binom
 
     from headscope.analyses.position.analysis import PositionConfig
 
@@ -393,7 +394,9 @@ def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_mod
     assert entry["mean"] == pytest.approx(per_example.mean()) and entry["n_examples"] == len(per_example)
     if per_example.isin([0.0, 1.0]).all():
         k = int(per_example.sum())
-        assert entry["p_value"] == pytest.approx(binomtest(k, len(per_example), 1 / s["n_items"]).pvalue)
+        n, p0 = len(per_example), 1 / s["n_items"]
+        tails = min(binom.cdf(k, n, p0), binom.sf(k - 1, n, p0))  # the central exact p (what the interval inverts)
+        assert entry["p_value"] == pytest.approx(min(1.0, 2 * tails))
     assert entry["at_chance"]  # a random GPT-2 does not retrieve
     assert entry["n_classes"] == s["n_items"] and entry["task"] == s["task"]  # what the chance sentence names
     # what the model produced, counted over every output (review 10b A2): the gold value, any of the context's values
@@ -553,8 +556,8 @@ def test_the_findings_report_taus_with_the_caveat_instead_of_withholding_them():
 
 def test_the_best_of_several_probe_layers_is_tested_bonferroni_corrected():
     """Review 15a B1: 'above chance' was taken on the best of 3 layers with no correction for choosing it. 10 of 39
-    against a majority of 5/39 is above chance alone (scipy: p = 0.027, exact 95% interval above 0.128) but not as
-    the best of 3 (p x 3 = 0.082; the exact 1 - 0.05/3 interval holds 0.128); 11 of 39 stays above (3 x 0.013)."""
+    against a majority of 5/39 is above chance alone (central exact p = 0.045, exact 95% interval above 0.128) but not
+    as the best of 3 (p x 3 = 0.13; the exact 1 - 0.05/3 interval holds 0.128); 11 of 39 stays above (3 x 0.0164)."""
     probe = {"metric": "accuracy", "majority_baseline": 5 / 39, "n_scored": 39, "n_examples": 40,
              "accuracy_per_layer": {"0": 8 / 39, "1": 10 / 39, "2": 7 / 39}, "best_accuracy": 10 / 39}
     for k, at in ((10, True), (11, False)):
@@ -562,10 +565,38 @@ def test_the_best_of_several_probe_layers_is_tested_bonferroni_corrected():
         ref = stats.binomtest(k, 39, p=5 / 39)
         ci = ref.proportion_ci(1 - 0.05 / 3, method="exact")
         assert entry["at_chance"] is at and entry["ci"] == pytest.approx([ci.low, ci.high])
-        assert entry["p_value"] == pytest.approx(3 * ref.pvalue) and entry["p_value_uncorrected"] == pytest.approx(ref.pvalue)
+        raw = 2 * stats.binom.sf(k - 1, 39, 5 / 39)  # the upper tail doubled: the central p the interval inverts
+        assert entry["p_value"] == pytest.approx(3 * raw) and entry["p_value_uncorrected"] == pytest.approx(raw)
         assert entry["correction"] == "bonferroni" and entry["n_compared"] == 3
     one = chance.from_summary({**probe, "accuracy_per_layer": {"0": 10 / 39}})  # one layer: nothing chosen
     assert one["at_chance"] is False and "correction" not in one
+
+
+def test_the_exact_p_and_the_exact_interval_give_one_verdict():
+    """Review 18a A1 (Phi-3, 12 of 39 correct against a majority of 6/39, best of 3 layers): the 98.3% Clopper-Pearson
+    interval [0.147, 0.511] holds 6/39 (at chance) while scipy's default two-sided p, 0.0133 (x 3 = 0.040), rejected
+    it. The p is now the one that interval inverts: twice the upper tail, P(X >= 12) = 0.01177 by a hand sum of
+    binomial terms, so 0.0235 uncorrected, 0.0706 corrected: not under 0.05, as the interval says."""
+    from math import comb
+
+    p0 = 6 / 39
+    upper = sum(comb(39, j) * p0 ** j * (1 - p0) ** (39 - j) for j in range(12, 40))
+    assert upper == pytest.approx(0.01177, abs=1e-5)
+    layers = {"0": 12 / 39, "1": 9 / 39, "2": 7 / 39}
+    entry = chance.from_summary({"metric": "accuracy", "majority_baseline": p0, "n_scored": 39, "n_examples": 40,
+                                 "accuracy_per_layer": layers, "best_accuracy": 12 / 39})
+    ci = stats.binomtest(12, 39, p=p0).proportion_ci(1 - 0.05 / 3, method="exact")
+    assert entry["ci"] == pytest.approx([ci.low, ci.high]) and ci.low < p0  # the interval's verdict: at chance
+    assert entry["at_chance"] is True and entry["p_value_uncorrected"] == pytest.approx(2 * upper)
+    assert entry["p_value"] == pytest.approx(3 * 2 * upper) and entry["p_value"] >= 0.05  # the p's verdict: the same
+    from headscope.reports.plots_probes import correction_words
+
+    assert correction_words({"chance": entry}).endswith(  # was "corrected p = 0.04 (uncorrected 0.013), at chance."
+        "corrected p = 0.071 (uncorrected 0.024), at chance, narrowly (corrected p under twice the threshold).")
+    for k in range(40):  # one verdict at every count: p under alpha exactly when the interval leaves p0 out
+        ci = stats.binomtest(k, 39, p=p0).proportion_ci(0.95, method="exact")
+        e = chance.assess([1.0] * k + [0.0] * (39 - k), "accuracy", chance=p0, floor=0.0)
+        assert (e["p_value"] < 0.05) == (not ci.low <= p0 <= ci.high), k
 
 
 def test_a_mean_near_zero_from_strong_preferences_that_cancel_says_so():
