@@ -189,7 +189,7 @@ STRONG_LOGIT = 1.0  # |logit difference| of a row that clearly prefers one answe
 def _spread(values: np.ndarray, metric: str, chance: float) -> dict[str, Any]:
     """Review 17c B2: a logit difference's per-row size beside its mean, {"mean_abs": mean |value - chance|,
     "n_strong": rows with |value - chance| >= STRONG_LOGIT} ({} for other metrics): a mean near 0 can be rows with
-    strong preferences either way that cancel, which "no preference" would misstate."""
+    rows that prefer one answer or the other, which "no preference" would misstate."""
     if metric != "logit_diff" or not len(values):
         return {}
     dev = np.abs(values - chance)

@@ -614,7 +614,39 @@ def test_a_mean_near_zero_from_strong_preferences_that_cancel_says_so():
     text = chance_sentence({**entry, "task": "recall"})
     assert ("(logit difference 0.085 against chance 0 (no preference on average between the answer and the wrong "
             "answer), 95% CI [") in text, text
-    assert "mean |logit difference| 1.42, 26 of 40 rows at +-1 or beyond: strong preferences either way that cancel on " \
-           "average); relative findings are not reported." in text, text
+    assert ("mean |logit difference| 1.42 (odds about 4.1:1 one way or the other), 26 of 40 rows at +-1 or beyond: the "
+            f"rows prefer one answer or the other; their mean, on the answer's side, does not differ from 0 at 95% (t test "
+            f"p = {stats.ttest_1samp(values, 0).pvalue:.2g})); relative findings are not reported.") in text, text
     quiet = chance.assess(np.array([0.05, -0.04, 0.03, -0.02, 0.01, -0.03, 0.02, -0.01]), "logit_diff")
     assert quiet["mean_abs"] == pytest.approx(0.0262, abs=1e-4) and "mean |logit" not in chance_sentence(quiet)
+
+
+# review 18a's Phi-3 on colours: each row's logit difference by hand (plain HF, float32, hand_float32.json), 4 decimals
+PHI3_LD = np.array([
+    0.9356, -0.7057, 1.6751, -2.6266, 1.2944, 0.0924, -1.7727, -0.0309, -1.6388, -2.7327, 1.8328, 0.1150, 1.5521,
+    -2.3646, -0.4235, -2.5423, 0.0201, -2.1937, 2.5769, -0.3083, -1.1400, -1.1395, -0.2967, -0.1932, -0.5317,
+    -0.3193, -1.3826, 1.0902, -0.4556, -1.0118, 0.1985, 0.0109, -0.8913, 0.0317, -2.4861, -0.3374, 0.7185, 0.5225,
+    -0.1796, 1.0273])
+
+
+def test_rows_either_way_are_worded_by_the_mean_test_not_as_strong_preferences_that_cancel():
+    """Review 18a B2: "strong preferences either way that cancel on average" for rows of mean |ld| 1.03 whose mean
+    -0.35 leans to the wrong answer (t = -1.69, p = 0.098, scipy by hand): the sentence gives the odds of the size,
+    the side and the t test's p, and says no more than 'does not differ from 0 at 95%'."""
+    from headscope.reports.findings import chance_sentence
+
+    t = stats.ttest_1samp(PHI3_LD, 0.0)
+    assert t.statistic == pytest.approx(-1.69, abs=0.01) and t.pvalue == pytest.approx(0.098, abs=0.002)
+    size = np.abs(PHI3_LD).mean()
+    assert size == pytest.approx(1.035, abs=1e-3) and (np.abs(PHI3_LD) >= 1).sum() == 19
+    text = chance_sentence({**chance.assess(PHI3_LD, "logit_diff"), "task": "colours"})
+    assert (f"mean |logit difference| {size:.3g} (odds about {np.exp(size):.2g}:1 one way or the other), 19 of 40 "
+            "rows at +-1 or beyond: the rows prefer one answer or the other; their mean, on the wrong answer's side, "
+            f"does not differ from 0 at 95% (t test p = {t.pvalue:.2g})); relative findings") in text, text
+    assert "strong" not in text and "cancel" not in text
+    many = np.array([1.55, -1.45] * 2000)  # mean 0.05: the t test rejects 0, the 0.1 floor keeps it at chance
+    p = stats.ttest_1samp(many, 0.0).pvalue
+    assert p < 0.05
+    text = chance_sentence(chance.assess(many, "logit_diff"))
+    assert (f"their mean, on the answer's side, differs from 0 (t test p = {p:.2g}), by less than the 0.1-logit "
+            "floor);") in text, text
