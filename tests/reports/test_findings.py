@@ -2913,10 +2913,16 @@ def test_mlp_finding_says_why_dense_neurons_rank_first_and_names_the_experts_by_
             "routed to its expert, so a dense layer's neurons, which write on every example, tend to rank above them; "
             "by the mean over its routed examples alone among experts routed on at least 5 of 16 examples (not ranked, "
             "routed on fewer: layer 1 expert 1 (2)) the largest are layer 2 expert 5's neuron 52 (0.458, 95% CI "
-            f"[{lo:.2f}, {hi:.2f}], over the 7 of 16 examples routed to it) and layer 2 expert 0's neuron 10 (0.301, "
-            "95% CI [0.25, 0.35], over the 16 of 16 examples routed to it).") in text, text
+            f"[0.00, {hi:.2f}], over the 7 of 16 examples routed to it) and layer 2 expert 0's neuron 10 (0.301, "
+            "95% CI [0.25, 0.35], over the 16 of 16 examples routed to it): their 95% intervals overlap, so their "
+            "order is not shown (t intervals over the routed examples, clipped at 0: a norm is never negative).") \
+        in text, text
     assert "by construction" not in text
-    assert f"[{lo:.2f}, {hi:.2f}]" == "[-0.21, 1.12]"
+    assert f"[{lo:.2f}, {hi:.2f}]" == "[-0.21, 1.12]"  # review 18v B4: the t interval of a norm reached below 0
+    clear = {**s, "top_expert_neurons_routed": [{**s["top_expert_neurons_routed"][0], "ci": [0.4, 0.52],
+                                                 "task_update_norm_routed": 0.46}, s["top_expert_neurons_routed"][1]]}
+    assert ("over the 16 of 16 examples routed to it): the first's 95% interval lies above the others'.") in finding(
+        "mlp", clear)
     everyone = {**s, "top_neurons": [{"layer": 1, "neuron": 81, "task_update_norm": 0.104, "expert": 1,
                                       "expert_neuron": 17, "n_routed": 2, "shared": False}]}
     assert "so the ranking mixes how strongly a neuron writes with how often its expert is chosen" in finding(
