@@ -305,6 +305,9 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     return record
 
 
+_ROW_COUNTS: dict[tuple[str, str | None], int] = {}  # (path, sha256) of a held task file -> its row count
+
+
 def _sample_of(name: str, used: str, source: Any, config: Any, summary: Mapping[str, Any], n: int) -> dict[str, Any]:
     """Review 18a B1: where a section ran on some of the user's file's rows, {"file_rows": how many the file has,
     "sample_why": the setting that chose n ("patching's default sample", "--quick's sample", "--n-examples 12"), or
@@ -313,10 +316,13 @@ def _sample_of(name: str, used: str, source: Any, config: Any, summary: Mapping[
 
     if source is None or not task_source(used).startswith("your task"):
         return {}
+    key = (str(source), getattr(source, "sha256", None))  # a held file's bytes: counted once per report
     try:
-        total = count_task_rows(source)
+        total = _ROW_COUNTS[key] if key[1] and key in _ROW_COUNTS else count_task_rows(source)
     except Exception:  # noqa: BLE001 - a courtesy: the count never costs the section its record
         return {}
+    if key[1]:
+        _ROW_COUNTS[key] = total
     if not isinstance(total, int) or total <= n:
         return {}
     out: dict[str, Any] = {"file_rows": total}
