@@ -231,9 +231,10 @@ DEFAULT_MAX_STEPS = 256  # AttributionConfig's ig_max_steps (--quick: 32)
 
 
 def _step_cap(s: Mapping[str, Any], worst: Mapping[str, Any]) -> str:
-    """' A likely reason: the step cap: ...' where doubling the worst example's steps moved its convergence delta by
+    """' A likely reason: the step cap: ...' where doubling the worst example's steps shrank its convergence delta by
     more than rounding (convergence.doubling_trend "moved"): the integral is not resolved at those steps, in any
-    precision; with the cap and how to raise it."""
+    precision; with the cap and how to raise it. Where the doubling made the miss larger, that is said and no more
+    steps are advised (review 18v B2)."""
     steps, cap, floor = _num(worst.get("n_steps")), _num(s.get("ig_max_steps")), _num(worst.get("rounding_floor"))
     now, before = float(worst["delta"]), float(worst["delta_half"])
     ex, dtype = worst.get("example", "?"), s.get("ig_dtype")
@@ -245,9 +246,15 @@ def _step_cap(s: Mapping[str, Any], worst: Mapping[str, Any]) -> str:
                 + (f"; --quick's, a run without --quick doubles up to {DEFAULT_MAX_STEPS}"
                    if cap is not None and cap < DEFAULT_MAX_STEPS else "")
                 + "; in Python hs.attribution(model, task, ig_max_steps=...))")
+    if abs(now) > abs(before):  # review 18v B2: a miss that grew with the steps is not shown to shrink with more
+        return (f" Doubling example {ex}'s steps {at}{' (the cap)' if capped else ''} moved its miss (Captum's "
+                f"convergence delta) from {before:+.3g} to {now:+.3g}{rounding}: the miss grew with the steps, so the "
+                "integral is not converging at these step counts; the data do not show that more steps would close "
+                "it, nor that the step count is the cause.")
     return (f" A likely reason: {'the step cap' if capped else 'too few steps'}: doubling example {ex}'s steps {at}"
             f"{' (the cap)' if capped else ''} moved its miss (Captum's convergence delta) from {before:+.3g} to "
-            f"{now:+.3g}{rounding}; the integral is not resolved at these steps, and more may converge it: {raise_it}.")
+            f"{now:+.3g}{rounding}; the miss shrank with the steps but is not resolved at these, and more may converge it: "
+            f"{raise_it}.")
 
 
 def _low_precision(s: Mapping[str, Any], *, still: bool = False) -> str:

@@ -173,8 +173,11 @@ def odds_words(entry: Mapping[str, Any]) -> str:
 
 def spread_words(entry: Mapping[str, Any]) -> str:
     """Review 17c B2: where a logit difference's mean is near chance but its rows are far from it (mean |difference|
-    at least chance.STRONG_LOGIT and twice |mean - chance|), 'mean |logit difference| 1.77, 24 of 40 rows at +-1 or
-    beyond: strong preferences either way that cancel on average'; '' otherwise or for entries without it."""
+    at least chance.STRONG_LOGIT and twice |mean - chance|), the rows' size and what the mean's test says (review 18a
+    B2: "strong preferences either way that cancel on average" for a mean |ld| of 1.03 whose mean leaned to the wrong
+    answer at p = 0.10): 'mean |logit difference| 1.03 (odds about 2.8:1 one way or the other), 19 of 40 rows at +-1
+    or beyond: the rows prefer one answer or the other; their mean, on the wrong answer's side, does not differ from 0
+    at 95% (t test p = 0.098)'; '' otherwise or for entries without it."""
     from headscope.analyses.core.chance import STRONG_LOGIT
 
     size, mean, level = _num(entry.get("mean_abs")), _num(entry.get("mean")), _num(entry.get("chance_value"))
@@ -182,9 +185,21 @@ def spread_words(entry: Mapping[str, Any]) -> str:
         return ""
     if size < STRONG_LOGIT or size < 2 * abs(mean - level):
         return ""
-    n, strong = _num(entry.get("n_examples")), _num(entry.get("n_strong"))
+    n, strong, p = _num(entry.get("n_examples")), _num(entry.get("n_strong")), _num(entry.get("p_value"))
     rows = f", {strong:.0f} of {n:.0f} rows at +-{STRONG_LOGIT:g} or beyond" if n and strong is not None else ""
-    return f"mean |logit difference| {size:.3g}{rows}: strong preferences either way that cancel on average"
+    side = "" if mean == level else f", on the {'wrong ' if mean < level else ''}answer's side,"
+    level_words = f"{100 * (_num(entry.get('ci_level')) or 0.95):.0f}%"
+    test = f" (t test p = {p:.2g})" if p is not None else ""
+    floor, effect = _num(entry.get("floor")), _num(entry.get("effect_size"))
+    if p is not None and p < 1 - (_num(entry.get("ci_level")) or 0.95):  # at chance by a rule other than the test
+        verdict = f"differs from 0{test}" + (
+            f", by less than the {floor:g}-logit floor" if floor is not None and abs(mean - level) < floor else
+            f", by {abs(effect):.2f} per-row standard deviations, under 0.2" if effect is not None and abs(effect) < 0.2
+            else "")
+    else:
+        verdict = f"does not differ from 0 at {level_words}{test}"
+    return (f"mean |logit difference| {size:.3g} (odds about {math.exp(size):.2g}:1 one way or the other){rows}: "
+            f"the rows prefer one answer or the other; their mean{side} {verdict}")
 
 
 def chance_basis(entry: Mapping[str, Any]) -> str:

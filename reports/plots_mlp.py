@@ -632,8 +632,11 @@ def routed_words(s: Mapping[str, Any], top: list[Mapping[str, Any]], of: str) ->
     dense = any("expert" not in t for t in top)
     why = ("so a dense layer's neurons, which write on every example, tend to rank above them" if dense else
            "so the ranking mixes how strongly a neuron writes with how often its expert is chosen")
+    cis = [ci_pair(t.get("ci")) for t in best]
+    cis = [None if ci is None else (max(0.0, ci[0]), ci[1]) for ci in cis]  # a norm is never negative (review 18v B4)
+    clipped = any(t.get("ci_clipped") or (ci_pair(t.get("ci")) or (0.0,))[0] < 0 for t in best)
     said = [f"layer {t['layer']} expert {t['expert']}'s neuron {t['expert_neuron']} ({t['task_update_norm_routed']:.3g}"
-            f"{_ci(ci_pair(t.get('ci')))}, over the {t['n_routed']}{of} examples routed to it)" for t in best]
+            f"{_ci(ci)}, over the {t['n_routed']}{of} examples routed to it)" for t, ci in zip(best, cis)]
     least = _num(s.get("routed_min"))
     among = f" among experts routed on at least {least:.0f}{of} examples" if least is not None else ""
     left = ""
@@ -645,9 +648,14 @@ def routed_words(s: Mapping[str, Any], top: list[Mapping[str, Any]], of: str) ->
         return (f" These means count 0 for a routed expert's neuron on the examples not routed to its expert, {why}; "
                 f"no expert is routed on enough examples to rank its neurons by their routed mean{left}.")
     one = len({(t["layer"], t["expert"]) for t in best}) == 1 and len(best) > 1
+    order = ""
+    if len(best) > 1 and all(ci is not None for ci in cis):  # review 18v B4: no order where the intervals overlap
+        order = (": their 95% intervals overlap, so their order is not shown" if cis[0][0] <= max(ci[1] for ci in cis[1:])
+                 else ": the first's 95% interval lies above the others'")
+    note = " (t intervals over the routed examples, clipped at 0: a norm is never negative)" if clipped else ""
     return (f" These means count 0 for a routed expert's neuron on the examples not routed to its expert, {why}; by "
             f"the mean over its routed examples alone{among}{left} the largest {'is' if len(said) == 1 else 'are'} "
-            f"{and_join(said)}{', all of one expert' if one else ''}.")
+            f"{and_join(said)}{', all of one expert' if one else ''}{order}{note}.")
 
 
 def routing_words(s: Mapping[str, Any]) -> str:

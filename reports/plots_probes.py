@@ -266,7 +266,11 @@ def correction_words(s: Mapping[str, Any]) -> str:
                          "not to information in the layer"), ""
     elif entry.get("at_chance"):  # the opening sentence gives the corrected interval
         narrowly = alpha <= p < 2 * alpha
+        floor = _num(entry.get("floor"))
         verdict, span = "at chance" + (", narrowly (corrected p under twice the threshold)" if narrowly else ""), ""
+        if p < alpha:  # review 18a A1: the test rejects chance, the effect floor does not (not a contradiction)
+            verdict = (f"at chance all the same: the gain over the majority baseline is under the {floor:g} floor"
+                       if floor else "at chance all the same")
     else:
         verdict = "above chance" + (f", marginally (corrected p between {alpha / 5:g} and {alpha:g})"
                                     if p >= alpha / 5 else "")

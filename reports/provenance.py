@@ -233,7 +233,7 @@ def _as_written(sample: Mapping[str, str], data: Any, user_rows: Any) -> dict[st
 
 
 def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], used: str,
-                config: Any = None, user_rows: Any = None) -> dict[str, Any]:
+                config: Any = None, user_rows: Any = None, source: Any = None) -> dict[str, Any]:
     """What OUT/<name>/task.json holds: {"task", "source", "n_examples", "sample": {prompt, answer,
     corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why; it holds the
     parts the analysis reads only: registry.reads under `config`, its settings), "uses" (uses_text) and
@@ -244,7 +244,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     what the analysis ran on, as the runner resolved it (analyses/core/runner.py `ran_on`: a Task,
     position's (kind, first sweep), or an exception the runner met finding it). The analysis's own
     summary decides the name and count where it records them (what it actually used). user_rows: the user's
-    file's rows (read_numbered_rows), whose text the sample shows as written where the Task's first row is one."""
+    file's rows (read_numbered_rows), whose text the sample shows as written where the Task's first row is one.
+    source: the user's task file, whose row count a sample of it is said against ("file_rows", "sample_why")."""
     record: dict[str, Any] = {"task": summary.get("task"), "source": task_source(used),
                               "n_examples": summary.get("n_examples"), "sample": {}}
     try:
@@ -288,6 +289,7 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
         record["rows"] = sorted(int(r) for r in rows)
         if isinstance(layout := getattr(data, "rows_layout", None), str):  # review 15b C2: how a .json was read
             record["rows_layout"] = layout
+        record.update(_sample_of(name, used, source, config, summary, len(rows)))
     dropped = summary.get("n_dropped_single_examples")
     if isinstance(dropped, int) and dropped > 0:  # probes: examples of a class seen once were not used
         record["dropped"] = {"n": dropped, "why": summary.get("dropped_reason"), "unit": summary.get("example_unit")}
@@ -301,6 +303,43 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     if not sample and "sample_note" not in record:
         record["sample_note"] = "no sample: this analysis records no prompt of its own"
     return record
+
+
+_ROW_COUNTS: dict[tuple[str, str | None], int] = {}  # (path, sha256) of a held task file -> its row count
+
+
+def _sample_of(name: str, used: str, source: Any, config: Any, summary: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """Review 18a B1: where a section ran on some of the user's file's rows, {"file_rows": how many the file has,
+    "sample_why": the setting that chose n ("patching's default sample", "--quick's sample", "--n-examples 12"), or
+    none where another step chose them (the budget's cut says itself; rows an analysis can use)}; {} otherwise."""
+    from headscope.analyses.core.task_rows import count_task_rows
+
+    if source is None or not task_source(used).startswith("your task"):
+        return {}
+    key = (str(source), getattr(source, "sha256", None))  # a held file's bytes: counted once per report
+    try:
+        total = _ROW_COUNTS[key] if key[1] and key in _ROW_COUNTS else count_task_rows(source)
+    except Exception:  # noqa: BLE001 - a courtesy: the count never costs the section its record
+        return {}
+    if key[1]:
+        _ROW_COUNTS[key] = total
+    if not isinstance(total, int) or total <= n:
+        return {}
+    out: dict[str, Any] = {"file_rows": total}
+    budget = summary.get("budget") if isinstance(summary.get("budget"), Mapping) else {}
+    if "n_examples" in (budget.get("changed") or {}):
+        return out  # the budget line says the cut
+    try:
+        from headscope.analyses.core.registry import cost_model
+
+        knob = next((k for k in cost_model(name).knobs if hasattr(k, "counts")), None)
+        wanted = knob.counts(config, config, None)[0] if knob is not None and config is not None else None
+    except Exception:  # noqa: BLE001 - a family without an examples knob: no reason given
+        wanted = None
+    if wanted == n:
+        out["sample_why"] = (f"--n-examples {n}" if getattr(config, "n_examples", None) else
+                             "--quick's sample" if getattr(config, "quick", False) else f"{name}'s default sample")
+    return out
 
 
 def section_provenance(folder: Path, used: str = "", speeds: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -460,7 +499,11 @@ def _rows_text(record: Mapping[str, Any]) -> str:
     rows = record.get("rows")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, int) for r in rows):
         return ""
-    return f" (data rows {int_ranges(rows)}; {rows_note(record.get('source'), record.get('rows_layout'))})"
+    total, why = record.get("file_rows"), record.get("sample_why")
+    plain = not record.get("dropped") and not record.get("token_positions_of")  # _count_text said a plain count
+    of = f" of the file's {total}" if plain and isinstance(total, int) and total > len(rows) else ""  # review 18a B1
+    said = f"{why}, seeded; --n-examples N for another count; " if of and isinstance(why, str) and why else ""
+    return f"{of} ({said}data rows {int_ranges(rows)}; {rows_note(record.get('source'), record.get('rows_layout'))})"
 
 
 def _pieces_text(record: Mapping[str, Any]) -> str:

@@ -446,7 +446,7 @@ class _Writer:
         summary = result.summary if isinstance(getattr(result, "summary", None), Mapping) else {}
         self.ran[name] = runner.ran_on(self.model, name, plan)
         record = task_record(self.model, name, self.ran[name], summary, plan.used, config=plan.config,
-                             user_rows=self.run.task_rows)
+                             user_rows=self.run.task_rows, source=self.run.task)
         with _writing(f"the {name} results", self.out):
             prefix = f"{name}/"
             ours = {r[len(prefix):]: h for r, h in self.session.files.items() if r.startswith(prefix)}

@@ -756,7 +756,8 @@ def test_pairs_of_two_lengths_are_counted_once_from_the_rows_patched(tmp_path, t
     summary = json.loads((tmp_path / "out" / "patching" / "summary.json").read_text())
     said = {str(w.message) for w in recwarn if "have another token length" in str(w.message)}
     assert len(said) == 1, said
-    assert said.pop().startswith(f"Task file {str(task)!r}: {summary['pairs_left_out']} corrupted prompt(s) have")
+    assert said.pop().startswith(f"patching: Task file {str(task)!r}: {summary['pairs_left_out']} corrupted prompt(s) "
+                                 "have")
     assert 0 < summary["pairs_left_out"] <= 8 and summary["n_examples"] == 8 - summary["pairs_left_out"]
 
 
@@ -773,9 +774,9 @@ def test_a_pair_of_two_lengths_warns_once_and_an_unusable_task_is_exit_2(tmp_pat
     run = ["-q", "--quick", "--device", "cpu", "--model", str(tiny_dirs["gpt2"]), "--task", str(task)]
     proc = headscope("patching", *run, "--out", str(tmp_path / "out"))  # a process: the warnings as a user sees them
     lines = proc.stderr.strip().splitlines()
-    assert lines == [f"WARNING HeadscopeWarning: Task file {str(task)!r}: 1 corrupted prompt(s) have another token "
-                     f"length than their prompt (line 3, row 2: 4 vs 3 tokens); the analyses that patch pairs leave "
-                     f"those rows out, the others use every row."], proc.stderr
+    assert lines == [f"WARNING HeadscopeWarning: patching: Task file {str(task)!r}: 1 corrupted prompt(s) have another "
+                     f"token length than their prompt (line 3, row 2: 4 vs 3 tokens); patching patches pairs and leaves "
+                     f"those rows out."], proc.stderr
     summary = json.loads((tmp_path / "out" / "patching" / "summary.json").read_text())
     assert summary["pairs_left_out"] == 1 and summary["pairs_left_out_rows"] == [2] and summary["n_examples"] == 5
     assert summary["chance"]["n_examples"] == 5  # the chance guard judges the rows patched

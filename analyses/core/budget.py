@@ -7,7 +7,8 @@ counts the row passes of each part of the analysis from the model's shape, the t
 the settings (an upper bound: resumed passes that skip early blocks count as whole passes), and
 `knobs` are the family's sweeps in the order they give way: fewer random orderings, L0 steps,
 integration steps, causal-tracing samples, examples... Each knob maps a config to a smaller one,
-or None when it has nothing left to give.
+or None when it has nothing left to give; a knob's optional `regrow(fitted, original)` gives back what it took
+(a config or a list of candidates), which `fit` does cheapest first once every cut is made.
 
 `seconds_per_pass(model, n_pos)` is one row pass's flops times the seconds per flop of a pass
 timed on this machine at about that length, so an estimate becomes seconds (plus `Cost.extra_s`,
@@ -195,9 +196,10 @@ def changes(before: Any, after: Any, prefix: str = "") -> dict[str, list[Any]]:
 
 def fit(model, cost_model: CostModel, task: Any, config: Any, budget_s: float | None) -> Fitted:
     """`config` with the family's knobs applied in order until its estimate fits budget_s seconds
-    (None: no budget, the estimate only); then knobs that can give back (the examples) do, last
-    first, while the estimate still fits. When every knob is spent the last config stays, with a
-    log line saying the budget cannot be met."""
+    (None: no budget, the estimate only); then what knobs with a `regrow` (examples, patching's path patching and
+    site groups) can give back is given back, the cheapest fitting candidate first, while the estimate still fits:
+    an early cheap cut is not lost to a later larger one that alone made the plan fit. When every knob is spent the
+    last config stays, with a log line saying the budget cannot be met."""
     def seconds(c: Cost) -> float:  # a knob may shorten the passes (position's pairs) as well as cut them
         return c.total * seconds_per_pass(model, c.n_pos) + c.extra_s
 
@@ -219,21 +221,29 @@ def fit(model, cost_model: CostModel, task: Any, config: Any, budget_s: float | 
                 trial_cost = cost_model.estimate(model, task, trial)
                 if seconds(trial_cost) < seconds(cost):
                     fitted, cost = trial, trial_cost
-        for knob in reversed(cost_model.knobs):  # give back what a later knob's cut left room for
-            regrow = getattr(knob, "regrow", None)
-            while regrow is not None:
-                bigger = regrow(fitted, config)
-                if bigger is None:
-                    break
-                bigger_cost = cost_model.estimate(model, task, bigger)
-                if seconds(bigger_cost) > budget_s:
-                    break
-                fitted, cost = bigger, bigger_cost
+        while True:  # give back what a later knob's cut left room for, cheapest first (review 18d C5)
+            grown = [(seconds(c), i, b, c) for i, b in enumerate(_regrown(cost_model, fitted, config))
+                     if (cost_model.check is None or cost_model.check(model, task, b))
+                     for c in [cost_model.estimate(model, task, b)] if seconds(c) <= budget_s]
+            if not grown:
+                break
+            _, _, fitted, cost = min(grown, key=lambda g: (g[0], g[1]))
         if seconds(cost) > budget_s:
             log.info("the estimate %.0f s still exceeds the budget of %.0f s with every sweep at its smallest",
                      seconds(cost), budget_s)
     return Fitted(config=fitted, cost=cost, seconds=seconds(cost), budget_s=budget_s, changed=changes(config, fitted),
                   speed=speed_record(model, cost.n_pos), below_quick=_below_quick(cost_model, task, config, fitted))
+
+
+def _regrown(cost_model: CostModel, fitted: Any, original: Any) -> list[Any]:
+    """Every config one knob's `regrow(fitted, original)` gives back (a config, a list of them, or None when it took
+    nothing), in knob order."""
+    out: list[Any] = []
+    for knob in cost_model.knobs:
+        regrow = getattr(knob, "regrow", None)
+        bigger = regrow(fitted, original) if regrow is not None else None
+        out.extend(b for b in (bigger if isinstance(bigger, list) else [bigger]) if b is not None and b != fitted)
+    return out
 
 
 def _below_quick(cost_model: CostModel, task: Any, config: Any, fitted: Any) -> dict[str, list[int]]:

@@ -33,7 +33,7 @@ The rule: the guard asks whether the model is credibly *above* chance; it is at 
    the answer at most twice as likely as under a uniform guess; 5 accuracy points),
 2. the lower end of the two-sided (1 - alpha) confidence interval of the mean lies above chance
    (a one-sided test at alpha/2: a one-sample t interval; for 0/1 accuracies the exact
-   Clopper-Pearson interval, p_value from the exact binomial test), and
+   Clopper-Pearson interval, p_value the central exact binomial p it inverts), and
 3. the standardised effect (mean - chance) / sd across examples is at least MIN_EFFECT_SIZE = 0.2
    (Cohen's "small"): below it the per-example noise drowns the behaviour, and a large enough set
    of examples would make any bias of a random model significant (not applied to 0/1 accuracies).
@@ -95,16 +95,27 @@ def chance_value(metric: str, *, vocab_size: int | None = None, n_classes: int |
     return None
 
 
+def central_binomial_p(k: int, n: int, p0: float) -> float:
+    """The two-sided exact binomial p-value that the Clopper-Pearson interval inverts: twice the smaller tail,
+    min(1, 2 min(P(X <= k), P(X >= k))), X ~ Binomial(n, p0). The (1 - alpha) exact interval excludes p0 exactly when
+    this p is under alpha, so verdict (from the interval) and p agree (review 18a A1: scipy's default two-sided p,
+    which sums every outcome as unlikely as k, gave 0.013 for 12 of 39 against 6/39 while the 98.3% exact interval
+    held 6/39; the central p is 0.024)."""
+    from scipy import stats
+
+    low, high = float(stats.binom.cdf(k, n, p0)), float(stats.binom.sf(k - 1, n, p0))
+    return min(1.0, 2.0 * min(low, high))
+
+
 def _interval(values: np.ndarray, metric: str, chance: float, alpha: float) -> tuple[list[float] | None, float | None]:
     """The (1 - alpha) CI of the mean and the two-sided p-value against `chance` (None for n < 2)."""
     from scipy import stats
 
     n = len(values)
     if metric == "accuracy" and np.isin(values, (0.0, 1.0)).all():
-        k = int(values.sum())
-        test = stats.binomtest(k, n, p=min(max(chance, 0.0), 1.0))
-        ci = test.proportion_ci(1 - alpha, method="exact")
-        return [float(ci.low), float(ci.high)], float(test.pvalue)
+        k, p0 = int(values.sum()), min(max(chance, 0.0), 1.0)
+        ci = stats.binomtest(k, n, p=p0).proportion_ci(1 - alpha, method="exact")
+        return [float(ci.low), float(ci.high)], central_binomial_p(k, n, p0)
     if n < 2:
         return None, None
     mean, sd = float(values.mean()), float(values.std(ddof=1))
@@ -178,7 +189,7 @@ STRONG_LOGIT = 1.0  # |logit difference| of a row that clearly prefers one answe
 def _spread(values: np.ndarray, metric: str, chance: float) -> dict[str, Any]:
     """Review 17c B2: a logit difference's per-row size beside its mean, {"mean_abs": mean |value - chance|,
     "n_strong": rows with |value - chance| >= STRONG_LOGIT} ({} for other metrics): a mean near 0 can be rows with
-    strong preferences either way that cancel, which "no preference" would misstate."""
+    rows that prefer one answer or the other, which "no preference" would misstate."""
     if metric != "logit_diff" or not len(values):
         return {}
     dev = np.abs(values - chance)

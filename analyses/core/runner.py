@@ -59,6 +59,7 @@ class Plan:
     resolved: Any = None
     config: Any = None
     fit: Any = None
+    load_warnings: tuple[str, ...] = ()  # the resolution's sample warnings, named for this analysis (_named_warnings)
 
     @property
     def run_task(self) -> Any:
@@ -209,14 +210,57 @@ def with_task_used(result: Any, used: str) -> Any:
     return dataclasses.replace(result, summary={"task_used": used, **result.summary})
 
 
-def _resolve(model: Any, name: str, plan: Plan, config: Any) -> Any:
+def _resolve(model: Any, name: str, plan: Plan, config: Any) -> tuple[Any, tuple[str, ...]]:
     """The family's Task for `plan` under `config` (None: the family builds its own data, or the
-    resolution failed, logged: `run` then raises the same error as the analysis's failure)."""
-    try:
-        return registry.family_task(name, model, plan.task, config)
-    except Exception as err:  # noqa: BLE001 - the analysis reports its own errors when it runs
-        log.info("%s: its task could not be resolved before the run (%s: %s)", name, type(err).__name__, err)
-        return None
+    resolution failed, logged: `run` then raises the same error as the analysis's failure), and the load's
+    warnings that count rows of this sample (contract.SAMPLE_WARNINGS), named for `name` (_named_warnings) to be
+    shown once the budget has settled the sample (`apply_budget`); other warnings pass on as they are."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            task = registry.family_task(name, model, plan.task, config)
+        except Exception as err:  # noqa: BLE001 - the analysis reports its own errors when it runs
+            log.info("%s: its task could not be resolved before the run (%s: %s)", name, type(err).__name__, err)
+            task = None
+    return task, _named_warnings(name, caught)
+
+
+def _named_warnings(name: str, caught: Sequence[Any]) -> tuple[str, ...]:
+    """Review 18b C3: a report printed the unequal-token-length warning four times with four counts (one per
+    analysis's sample, and again after the budget's cut) and never named the analysis. The sample warnings of one
+    resolution, each opened with the analysis's name; the pairs warning ends with what this analysis does with those
+    rows. Other warnings are re-issued unchanged."""
+    import re
+    import warnings
+
+    from headscope.errors import HeadscopeWarning
+
+    out = []
+    for w in caught:
+        text = str(w.message)
+        if not (issubclass(w.category, HeadscopeWarning) and any(re.match(m, text) for m in contract.SAMPLE_WARNINGS)):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            continue
+        tail = "; the analyses that patch pairs leave those rows out, the others use every row."
+        if text.endswith(tail):
+            pairs = registry.needs(name).corrupted
+            text = text[:-len(tail)] + (f"; {name} patches pairs and leaves those rows out." if pairs else
+                                        f"; {name} patches no pairs and uses every row.")
+        out.append(f"{name}: {text}")
+    return tuple(dict.fromkeys(out))
+
+
+def show_load_warnings(plans: Mapping[str, Plan]) -> None:
+    """Each analysis's sample warnings (Plan.load_warnings), once, after the budget settled its sample."""
+    import warnings
+
+    from headscope.errors import HeadscopeWarning
+
+    for plan in plans.values():
+        for text in plan.load_warnings:
+            warnings.warn(text, HeadscopeWarning, stacklevel=2)
 
 
 def _resolution_settings(config: Any) -> tuple:
@@ -239,8 +283,8 @@ def resolve_plans(model: Any, plans: Mapping[str, Plan], names: Sequence[str], c
     out = dict(plans)
     for name in names:
         config = preset(name, common, overrides)
-        resolved = None if name in finished else _resolve(model, name, plans[name], config)
-        out[name] = dataclasses.replace(plans[name], config=config, resolved=resolved)
+        resolved, notes = (None, ()) if name in finished else _resolve(model, name, plans[name], config)
+        out[name] = dataclasses.replace(plans[name], config=config, resolved=resolved, load_warnings=notes)
     return out
 
 
@@ -271,14 +315,16 @@ def fit_to_budget(model: Any, plans: Mapping[str, Plan], names: Sequence[str], m
 
 def apply_budget(model: Any, plans: Mapping[str, Plan], fitted: Mapping[str, Any]) -> dict[str, Plan]:
     """`plans` with each fitted analysis's settings after the budget; a Task resolved again only where
-    the budget changed what the resolution reads (the examples)."""
+    the budget changed what the resolution reads (the examples). Then each analysis's sample warnings, once
+    (show_load_warnings: those of the Task it will run on, named for it)."""
     out = dict(plans)
     for name, fit in fitted.items():
         plan = plans[name]
-        resolved = plan.resolved
+        resolved, notes = plan.resolved, plan.load_warnings
         if resolved is not None and _resolution_settings(fit.config) != _resolution_settings(plan.config):
-            resolved = _resolve(model, name, plan, fit.config)
-        out[name] = dataclasses.replace(plan, config=fit.config, fit=fit, resolved=resolved)
+            resolved, notes = _resolve(model, name, plan, fit.config)
+        out[name] = dataclasses.replace(plan, config=fit.config, fit=fit, resolved=resolved, load_warnings=notes)
+    show_load_warnings(out)
     return out
 
 
@@ -411,4 +457,4 @@ def _own_records_file(task: Any, plans: Mapping[str, Plan]) -> bool:
 
 
 __all__ = ["Failure", "Outcome", "Plan", "apply_budget", "explorer_capture", "explorer_shown", "fit_to_budget",
-           "plan_analyses", "ran_on", "resolve_plans", "run_planned", "seed_everything"]
+           "plan_analyses", "ran_on", "resolve_plans", "run_planned", "seed_everything", "show_load_warnings"]

@@ -405,3 +405,9 @@ def _row_number(place: str) -> int | None:
 
 
 __all__ = ["read_numbered_rows", "read_task_rows", "sample_indices"]
+
+
+def count_task_rows(source: Any, fields: Mapping[str, str] | str | None = None) -> int:
+    """How many rows `source` (a task file, held file or in-memory data) has: what a section's sample is a sample of
+    (review 18a B1: "32 of the file's 40")."""
+    return _rows(source, fields, n_examples=1)[3]

@@ -561,7 +561,8 @@ def _routed(df: pd.DataFrame, experts: Mapping[str, Any]) -> pd.DataFrame:
 def _routed_top(df: pd.DataFrame, experts: Mapping[str, Any], n: int = 3) -> list[dict[str, Any]]:
     """The `n` routed (not shared) expert neurons with the largest task_update_norm_routed among experts routed on
     at least MIN_ROUTED task examples, each with its layer, expert, neuron within it, that mean, its 95% t interval
-    over the routed examples (ci) and n_routed; [] for a dense model. Review 17v B1: the three largest were one
+    over the routed examples (ci), clipped at 0 (a norm is never negative; ci_clipped: review 18v B4, [-0.21, 1.13]),
+    and n_routed; [] for a dense model. Review 17v B1: the three largest were one
     expert's, routed on 2 of 16 examples, ranked against means over 13 and 16 with no interval."""
     if "task_update_norm_routed" not in df:  # a dense model
         return []
@@ -571,11 +572,11 @@ def _routed_top(df: pd.DataFrame, experts: Mapping[str, Any], n: int = 3) -> lis
     for r in rows.nlargest(n, "task_update_norm_routed").itertuples():
         sd = getattr(r, "task_update_norm_routed_sd", float("nan"))
         half = float(chance.t_half_width(float(sd), int(r.n_routed)))
+        mean = float(r.task_update_norm_routed)
         out.append({"layer": int(r.layer), "neuron": int(r.neuron), "expert": int(r.expert),
-                    "expert_neuron": int(r.expert_neuron), "task_update_norm_routed": float(r.task_update_norm_routed),
-                    "ci": None if half != half else [float(r.task_update_norm_routed) - half,
-                                                     float(r.task_update_norm_routed) + half],
-                    "n_routed": int(r.n_routed)})
+                    "expert_neuron": int(r.expert_neuron), "task_update_norm_routed": mean,
+                    "ci": None if half != half else [max(0.0, mean - half), mean + half],
+                    "ci_clipped": half == half and mean - half < 0.0, "n_routed": int(r.n_routed)})
     return out
 
 

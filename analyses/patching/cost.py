@@ -110,15 +110,33 @@ def fewer_trace_samples(config, model):
     return dataclasses.replace(config, trace_samples=samples // 3) if samples > 0 else None
 
 
+GROUPS = (("head_out_by_pos",), ("q", "k", "v", "pattern"), ("resid_mid", "resid_post"), ("attn_out", "mlp_out"))
+
+
+def _with_sites(fitted, original, sites):
+    """fitted with `sites`; the original's own setting (None: the preset's) where they are all of its sites."""
+    return dataclasses.replace(fitted, sites=original.sites if sites == tuple(_sites(original)) else sites)
+
+
 def fewer_sites(config, model):
     """Drop head_out_by_pos, then q/k/v/pattern, then resid_mid/resid_post, then attn_out/mlp_out
     (resid_pre and head_out stay: where information flows, and which heads carry it)."""
     sites = tuple(_sites(config))
-    for group in (("head_out_by_pos",), ("q", "k", "v", "pattern"), ("resid_mid", "resid_post"), ("attn_out", "mlp_out")):
+    for group in GROUPS:
         kept = tuple(s for s in sites if s not in group)
         if kept != sites and kept:
             return dataclasses.replace(config, sites=kept)
     return None
+
+
+def _more_sites(fitted, original):
+    """fewer_sites' regrow: one candidate per site group the cut took away, restored in the original's order
+    (none while residual_only's cut of head_out stands)."""
+    have, want = set(_sites(fitted)), tuple(_sites(original))
+    if not set(want) & {"head_out"} <= have:
+        return None
+    return [_with_sites(fitted, original, tuple(s for s in want if s in have or s in group))
+            for group in GROUPS if set(group) & set(want) - have] or None
 
 
 def residual_only(config, model):
@@ -127,9 +145,26 @@ def residual_only(config, model):
     return dataclasses.replace(config, sites=("resid_pre",)) if "resid_pre" in sites and len(sites) > 1 else None
 
 
+def _head_out_back(fitted, original):
+    """residual_only's regrow: head_out back beside resid_pre."""
+    have, want = set(_sites(fitted)), tuple(_sites(original))
+    if "head_out" in have or "head_out" not in want:
+        return None
+    return _with_sites(fitted, original, tuple(s for s in want if s in have or s == "head_out"))
+
+
 def no_path_patching(config, model):
     return dataclasses.replace(config, path_patching=False) if config.path_patching else None
 
+
+# what fit gives back once every cut is made, cheapest first (review 18d C5: path patching, the first cut, was never
+# given back after dropping attn_out/mlp_out alone made the plan fit, so a full run reported less than --quick)
+no_path_patching.regrow = lambda fitted, original: (  # type: ignore[attr-defined]
+    dataclasses.replace(fitted, path_patching=True) if original.path_patching and not fitted.path_patching else None)
+
+
+fewer_sites.regrow = _more_sites  # type: ignore[attr-defined]
+residual_only.regrow = _head_out_back  # type: ignore[attr-defined]
 
 COST = CostModel(estimate=estimate, knobs=(fewer_trace_samples, no_path_patching, fewer_sites,
                                            examples_knob(FULL, QUICK, floor=4), residual_only), weight=2.0)

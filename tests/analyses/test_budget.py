@@ -525,3 +525,38 @@ def test_a_budget_cut_of_a_fitted_json_kv_run_keeps_its_format_and_fits(arch_mod
                                               "et al.'s instruction: the longest format whose prompts fit context 256")
     too_many = dataclasses.replace(preset, n_items=60)  # 60 pairs fit no format in 256 tokens: the check refuses
     assert position_cost.prompts_fit(model, None, cut.config) and not position_cost.prompts_fit(model, None, too_many)
+
+
+def test_patching_gives_back_what_fits_after_a_larger_cut_cheapest_first(monkeypatch):
+    """Review 18d C5: fit cut path patching first, then site groups until dropping attn_out/mlp_out made the plan fit,
+    and never gave path patching back, so a full run had less patching than --quick. A hand plan, 1 s a row pass,
+    per example: clean 2, resid_pre 3, head_out 3, resid_mid 9, resid_post 9, attn_out 20, mlp_out 20,
+    head_out_by_pos 40, q/k/v/pattern 5 each, path patching 11 (137 in all); 32 examples, budget 40 x 32 = 1280 s.
+    The cuts: no path patching 126, no head_out_by_pos 86, no q/k/v/pattern 66, no resid_mid/post 48 (1536 s, over),
+    no attn_out/mlp_out 8 (256 s: fits; the old plan stopped here). Given back, cheapest first: path patching
+    (19 x 32 = 608 s; resid_mid/post 896, q/k/v/pattern 896), then resid_mid/post (37 x 32 = 1184 s; q/k/v/pattern
+    would be 39 x 32 = 1248), then nothing (q/k/v/pattern 57 x 32, attn_out/mlp_out 77 x 32: over)."""
+    from headscope.analyses.patching import cost as patching_cost
+    from headscope.analyses.patching.analysis import PatchingConfig
+
+    per_site = {"resid_pre": 3, "head_out": 3, "resid_mid": 9, "resid_post": 9, "attn_out": 20, "mlp_out": 20,
+                "head_out_by_pos": 40, "q": 5, "k": 5, "v": 5, "pattern": 5}
+
+    def estimate(model, task, config):
+        n = config.examples(patching_cost.FULL, patching_cost.QUICK)
+        parts = {"clean_corrupted": 2 * n, **{s: per_site[s] * n for s in patching_cost._sites(config)}}
+        return B.Cost(parts={**parts, **({"path_patching": 11 * n} if config.path_patching else {})}, n_pos=16)
+
+    monkeypatch.setattr(B, "seconds_per_pass", lambda model, n_pos: 1.0)
+    monkeypatch.setattr(B, "speed_record", lambda model, n_pos: None)
+    config = dataclasses.replace(PatchingConfig.preset(), trace_samples=0)
+    assert estimate(None, None, config).total == 137 * 32
+    cost = B.CostModel(estimate=estimate, knobs=patching_cost.COST.knobs)
+    fitted = B.fit(None, cost, None, config, 1280.0)
+    assert fitted.config.path_patching is True and fitted.seconds == 37 * 32
+    assert fitted.config.sites == ("resid_pre", "resid_mid", "resid_post", "head_out")
+    assert fitted.changed == {"sites": [None, ["resid_pre", "resid_mid", "resid_post", "head_out"]]}
+    roomy = B.fit(None, cost, None, config, 137 * 32)  # the preset fits: nothing cut, nothing to give back
+    assert roomy.config == config and roomy.changed == {}
+    floor = B.fit(None, cost, None, config, 5 * 4 + 1)  # resid_pre alone at 4 examples (5 x 4 = 20 s); head_out no
+    assert floor.config.sites == ("resid_pre",) and floor.config.n_examples == 4 and not floor.config.path_patching

@@ -217,7 +217,8 @@ def test_accuracy_uses_the_exact_binomial_test():
     ref = stats.binomtest(40, 64, p=0.001)
     ci = ref.proportion_ci(0.95, method="exact")
     assert out["at_chance"] is False and out["chance_value"] == 0.001 and out["mean"] == 40 / 64
-    assert out["ci"] == pytest.approx([ci.low, ci.high]) and out["p_value"] == pytest.approx(ref.pvalue)
+    central = 2 * stats.binom.sf(39, 64, 0.001)  # the upper tail doubled: the p the exact interval inverts
+    assert out["ci"] == pytest.approx([ci.low, ci.high]) and out["p_value"] == pytest.approx(central)
     few = chance.assess([1.0] * 3 + [0.0] * 61, "accuracy", vocab_size=1000)  # significant, but 4.7% < 5 points
     assert stats.binomtest(3, 64, p=0.001).pvalue < 0.01 and few["at_chance"] is True
     assert chance.assess([1.0] * 30 + [0.0] * 34, "accuracy", n_classes=2)["at_chance"] is True  # 47% of 2 classes
@@ -382,7 +383,7 @@ def test_the_zoo_model_on_kv_is_not_at_chance(zoo_model):
 def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_models):
     """Position runs on its own sweeps, so it adds the guard itself: per-example accuracy (mean over the
     gold positions) against 1/n_items, the exact binomial when every example is all right or all wrong."""
-    from scipy.stats import binomtest
+    from scipy.stats import binom
 
     from headscope.analyses.position.analysis import PositionConfig
 
@@ -393,7 +394,9 @@ def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_mod
     assert entry["mean"] == pytest.approx(per_example.mean()) and entry["n_examples"] == len(per_example)
     if per_example.isin([0.0, 1.0]).all():
         k = int(per_example.sum())
-        assert entry["p_value"] == pytest.approx(binomtest(k, len(per_example), 1 / s["n_items"]).pvalue)
+        n, p0 = len(per_example), 1 / s["n_items"]
+        tails = min(binom.cdf(k, n, p0), binom.sf(k - 1, n, p0))  # the central exact p (what the interval inverts)
+        assert entry["p_value"] == pytest.approx(min(1.0, 2 * tails))
     assert entry["at_chance"]  # a random GPT-2 does not retrieve
     assert entry["n_classes"] == s["n_items"] and entry["task"] == s["task"]  # what the chance sentence names
     # what the model produced, counted over every output (review 10b A2): the gold value, any of the context's values
@@ -553,8 +556,8 @@ def test_the_findings_report_taus_with_the_caveat_instead_of_withholding_them():
 
 def test_the_best_of_several_probe_layers_is_tested_bonferroni_corrected():
     """Review 15a B1: 'above chance' was taken on the best of 3 layers with no correction for choosing it. 10 of 39
-    against a majority of 5/39 is above chance alone (scipy: p = 0.027, exact 95% interval above 0.128) but not as
-    the best of 3 (p x 3 = 0.082; the exact 1 - 0.05/3 interval holds 0.128); 11 of 39 stays above (3 x 0.013)."""
+    against a majority of 5/39 is above chance alone (central exact p = 0.045, exact 95% interval above 0.128) but not
+    as the best of 3 (p x 3 = 0.13; the exact 1 - 0.05/3 interval holds 0.128); 11 of 39 stays above (3 x 0.0164)."""
     probe = {"metric": "accuracy", "majority_baseline": 5 / 39, "n_scored": 39, "n_examples": 40,
              "accuracy_per_layer": {"0": 8 / 39, "1": 10 / 39, "2": 7 / 39}, "best_accuracy": 10 / 39}
     for k, at in ((10, True), (11, False)):
@@ -562,10 +565,38 @@ def test_the_best_of_several_probe_layers_is_tested_bonferroni_corrected():
         ref = stats.binomtest(k, 39, p=5 / 39)
         ci = ref.proportion_ci(1 - 0.05 / 3, method="exact")
         assert entry["at_chance"] is at and entry["ci"] == pytest.approx([ci.low, ci.high])
-        assert entry["p_value"] == pytest.approx(3 * ref.pvalue) and entry["p_value_uncorrected"] == pytest.approx(ref.pvalue)
+        raw = 2 * stats.binom.sf(k - 1, 39, 5 / 39)  # the upper tail doubled: the central p the interval inverts
+        assert entry["p_value"] == pytest.approx(3 * raw) and entry["p_value_uncorrected"] == pytest.approx(raw)
         assert entry["correction"] == "bonferroni" and entry["n_compared"] == 3
     one = chance.from_summary({**probe, "accuracy_per_layer": {"0": 10 / 39}})  # one layer: nothing chosen
     assert one["at_chance"] is False and "correction" not in one
+
+
+def test_the_exact_p_and_the_exact_interval_give_one_verdict():
+    """Review 18a A1 (Phi-3, 12 of 39 correct against a majority of 6/39, best of 3 layers): the 98.3% Clopper-Pearson
+    interval [0.147, 0.511] holds 6/39 (at chance) while scipy's default two-sided p, 0.0133 (x 3 = 0.040), rejected
+    it. The p is now the one that interval inverts: twice the upper tail, P(X >= 12) = 0.01177 by a hand sum of
+    binomial terms, so 0.0235 uncorrected, 0.0706 corrected: not under 0.05, as the interval says."""
+    from math import comb
+
+    p0 = 6 / 39
+    upper = sum(comb(39, j) * p0 ** j * (1 - p0) ** (39 - j) for j in range(12, 40))
+    assert upper == pytest.approx(0.01177, abs=1e-5)
+    layers = {"0": 12 / 39, "1": 9 / 39, "2": 7 / 39}
+    entry = chance.from_summary({"metric": "accuracy", "majority_baseline": p0, "n_scored": 39, "n_examples": 40,
+                                 "accuracy_per_layer": layers, "best_accuracy": 12 / 39})
+    ci = stats.binomtest(12, 39, p=p0).proportion_ci(1 - 0.05 / 3, method="exact")
+    assert entry["ci"] == pytest.approx([ci.low, ci.high]) and ci.low < p0  # the interval's verdict: at chance
+    assert entry["at_chance"] is True and entry["p_value_uncorrected"] == pytest.approx(2 * upper)
+    assert entry["p_value"] == pytest.approx(3 * 2 * upper) and entry["p_value"] >= 0.05  # the p's verdict: the same
+    from headscope.reports.plots_probes import correction_words
+
+    assert correction_words({"chance": entry}).endswith(  # was "corrected p = 0.04 (uncorrected 0.013), at chance."
+        "corrected p = 0.071 (uncorrected 0.024), at chance, narrowly (corrected p under twice the threshold).")
+    for k in range(40):  # one verdict at every count: p under alpha exactly when the interval leaves p0 out
+        ci = stats.binomtest(k, 39, p=p0).proportion_ci(0.95, method="exact")
+        e = chance.assess([1.0] * k + [0.0] * (39 - k), "accuracy", chance=p0, floor=0.0)
+        assert (e["p_value"] < 0.05) == (not ci.low <= p0 <= ci.high), k
 
 
 def test_a_mean_near_zero_from_strong_preferences_that_cancel_says_so():
@@ -583,7 +614,39 @@ def test_a_mean_near_zero_from_strong_preferences_that_cancel_says_so():
     text = chance_sentence({**entry, "task": "recall"})
     assert ("(logit difference 0.085 against chance 0 (no preference on average between the answer and the wrong "
             "answer), 95% CI [") in text, text
-    assert "mean |logit difference| 1.42, 26 of 40 rows at +-1 or beyond: strong preferences either way that cancel on " \
-           "average); relative findings are not reported." in text, text
+    assert ("mean |logit difference| 1.42 (odds about 4.1:1 one way or the other), 26 of 40 rows at +-1 or beyond: the "
+            f"rows prefer one answer or the other; their mean, on the answer's side, does not differ from 0 at 95% (t test "
+            f"p = {stats.ttest_1samp(values, 0).pvalue:.2g})); relative findings are not reported.") in text, text
     quiet = chance.assess(np.array([0.05, -0.04, 0.03, -0.02, 0.01, -0.03, 0.02, -0.01]), "logit_diff")
     assert quiet["mean_abs"] == pytest.approx(0.0262, abs=1e-4) and "mean |logit" not in chance_sentence(quiet)
+
+
+# review 18a's Phi-3 on colours: each row's logit difference by hand (plain HF, float32, hand_float32.json), 4 decimals
+PHI3_LD = np.array([
+    0.9356, -0.7057, 1.6751, -2.6266, 1.2944, 0.0924, -1.7727, -0.0309, -1.6388, -2.7327, 1.8328, 0.1150, 1.5521,
+    -2.3646, -0.4235, -2.5423, 0.0201, -2.1937, 2.5769, -0.3083, -1.1400, -1.1395, -0.2967, -0.1932, -0.5317,
+    -0.3193, -1.3826, 1.0902, -0.4556, -1.0118, 0.1985, 0.0109, -0.8913, 0.0317, -2.4861, -0.3374, 0.7185, 0.5225,
+    -0.1796, 1.0273])
+
+
+def test_rows_either_way_are_worded_by_the_mean_test_not_as_strong_preferences_that_cancel():
+    """Review 18a B2: "strong preferences either way that cancel on average" for rows of mean |ld| 1.03 whose mean
+    -0.35 leans to the wrong answer (t = -1.69, p = 0.098, scipy by hand): the sentence gives the odds of the size,
+    the side and the t test's p, and says no more than 'does not differ from 0 at 95%'."""
+    from headscope.reports.findings import chance_sentence
+
+    t = stats.ttest_1samp(PHI3_LD, 0.0)
+    assert t.statistic == pytest.approx(-1.69, abs=0.01) and t.pvalue == pytest.approx(0.098, abs=0.002)
+    size = np.abs(PHI3_LD).mean()
+    assert size == pytest.approx(1.035, abs=1e-3) and (np.abs(PHI3_LD) >= 1).sum() == 19
+    text = chance_sentence({**chance.assess(PHI3_LD, "logit_diff"), "task": "colours"})
+    assert (f"mean |logit difference| {size:.3g} (odds about {np.exp(size):.2g}:1 one way or the other), 19 of 40 "
+            "rows at +-1 or beyond: the rows prefer one answer or the other; their mean, on the wrong answer's side, "
+            f"does not differ from 0 at 95% (t test p = {t.pvalue:.2g})); relative findings") in text, text
+    assert "strong" not in text and "cancel" not in text
+    many = np.array([1.55, -1.45] * 2000)  # mean 0.05: the t test rejects 0, the 0.1 floor keeps it at chance
+    p = stats.ttest_1samp(many, 0.0).pvalue
+    assert p < 0.05
+    text = chance_sentence(chance.assess(many, "logit_diff"))
+    assert (f"their mean, on the answer's side, differs from 0 (t test p = {p:.2g}), by less than the 0.1-logit "
+            "floor);") in text, text

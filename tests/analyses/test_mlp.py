@@ -292,6 +292,12 @@ def test_dense_and_expert_layers_are_analysed_together(mixed_moe):
         zip(best.expert, best.expert_neuron, best.n_routed))
     assert s["experts_routed_too_few"] == [{"layer": 1, "expert": e, "n_routed": n} for e, n in sorted(routed.items())
                                            if e < 4 and 0 < n < mlp.MIN_ROUTED]
+    for t, r in zip(s["top_expert_neurons_routed"], best.itertuples()):  # review 18v B4: a norm's interval stays >= 0
+        from scipy import stats
+
+        half = stats.t.ppf(0.975, r.n_routed - 1) * r.task_update_norm_routed_sd / r.n_routed ** 0.5
+        assert t["ci"] == pytest.approx([max(0.0, r.task_update_norm_routed - half), r.task_update_norm_routed + half])
+        assert t["ci_clipped"] == bool(r.task_update_norm_routed - half < 0)
     from headscope.reports.findings import finding
     from headscope.reports.plots_mlp import figures, neuron_labels
 

@@ -352,3 +352,35 @@ def test_the_explorer_falls_back_to_the_users_prompt_answer_file_not_the_default
     fallback = {"position": runner.Plan(task=None, used="default task (its records do not fit)")}
     kept = runner.explorer_capture(model, records, fallback, []).examples  # read as prompts, the file is an error
     assert [e["tokens"] for e in kept] == [e["tokens"] for e in runner.explorer_capture(model, None, fallback, []).examples]
+
+
+def test_each_analysis_says_its_unequal_pairs_once_by_name_after_the_budget(tiny_models, tmp_path):
+    """Review 18b C3: the CLI printed the unequal-token-length warning four times with four counts (each analysis's
+    sample, and again after the budget's cut) and never named the analysis. A 10-row file whose rows 1 and 4 have a
+    corrupted prompt one token short: heads (quick: 16, so all 10 rows) and patching (quick: 8 of them) each warn
+    once, after the budget, naming themselves, with the count of their own rows and what they do with them."""
+    import warnings
+
+    from headscope.analyses.core import runner
+
+    model, path = tiny_models["gpt2"], tmp_path / "t.jsonl"
+    rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": f" w{i + 3}", "wrong_answer": f" w{i + 4}",
+             "corrupted_prompt": f"w{i + 9} w{i + 1}" if i in (1, 4) else f"w{i + 9} w{i + 1} w{i + 2}"}
+            for i in range(10)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held = hs.TaskFile(str(path)).held()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plans = runner.plan_analyses(model, ["heads", "patching"], held)
+        plans = runner.resolve_plans(model, plans, ["heads", "patching"], dict(quick=True))
+        before = [str(w.message) for w in caught if "another token length" in str(w.message)]
+        runner.apply_budget(model, plans, {})
+    said = [str(w.message) for w in caught if "another token length" in str(w.message)]
+    assert before == [] and len(said) == 2, said
+    patched = plans["patching"].resolved.source_rows.tolist()
+    short = [r for r in patched if r in (1, 4)]  # the sampled rows whose corrupted prompt is short
+    assert said[0].startswith(f"heads: Task file {str(path)!r}: 2 corrupted prompt(s) have another token length")
+    assert said[0].endswith("; heads patches no pairs and uses every row.")
+    assert len(patched) == 8 and short  # seed 0's sample holds at least one of them (else patching would not warn)
+    assert said[1].startswith(f"patching: Task file {str(path)!r}: {len(short)} corrupted prompt(s) have another")
+    assert said[1].endswith("; patching patches pairs and leaves those rows out.")

@@ -285,3 +285,35 @@ def test_the_footer_lists_the_tasks_the_sections_ran_on(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"config": config, "model": {"name": "m"}}))
     assert "- task: per section: kv \\(heads, kv\\), zoo\\_kv \\(position\\), ioi \\(patching\\), facts \\(mlp\\); your task: " \
         "&lt;mine>.jsonl" in _provenance_markdown(_provenance(tmp_path))
+
+
+def test_a_sections_rows_are_said_as_a_sample_of_the_file_and_why(tiny_models, tmp_path):
+    """Review 18a B1: "examples: 32 (data rows 0-2, 4-11, ...)" did not say the rows were 32 of the file's 40, nor that
+    patching's default sample chose them. A 40-row file: patching's default (32) and --quick (8), heads with
+    --n-examples 12, each drawn by the loader's seeded sample; all 40 rows say no more than before."""
+    from headscope.analyses.core.task_files import TaskFile
+    from headscope.analyses.heads.analysis import HeadsConfig
+    from headscope.analyses.patching.analysis import PatchingConfig
+    from headscope.reports.provenance import provenance_lines, task_record
+
+    model, path = tiny_models["llama"], tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"w{i % 7} w{i % 5}", "answer": " w1"}) for i in range(40)))
+    source, used = TaskFile(str(path)).held(), "your task (t.jsonl)"
+    cases = [("patching", PatchingConfig(), 32, "patching's default sample"),
+             ("patching", PatchingConfig(quick=True), 8, "--quick's sample"),
+             ("heads", HeadsConfig(n_examples=12), 12, "--n-examples 12")]
+    for name, config, n, why in cases:
+        task = hs.load_task(model, source, n_examples=n)
+        rows = sorted(task.source_rows.tolist())
+        assert len(rows) == n and len(set(rows)) == n and max(rows) < 40
+        record = task_record(model, name, task, {"n_examples": n}, used, config=config, source=source)
+        assert record["file_rows"] == 40 and record["sample_why"] == why
+        line = provenance_lines(record)[1]
+        assert line.startswith(f"examples: {n} of the file's 40 ({why}, seeded; --n-examples N for another count; "
+                               "data rows "), line
+    cut = task_record(model, "patching", hs.load_task(model, source, n_examples=16), {
+        "n_examples": 16, "budget": {"changed": {"n_examples": [None, 16]}}}, used, config=PatchingConfig(), source=source)
+    assert "sample_why" not in cut and provenance_lines(cut)[1].startswith("examples: 16 of the file's 40 (data rows ")
+    whole = task_record(model, "patching", hs.load_task(model, source), {"n_examples": 40}, used,
+                        config=PatchingConfig(n_examples=64), source=source)
+    assert "file_rows" not in whole and provenance_lines(whole)[1].startswith("examples: 40 (data rows 0-39; ")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from headscope.reports.plots_probes import correction_words
 
 # the review's random-model probes summary (out_rand_f32/probes/summary.json): accuracy 0 of 40 against 0.15
-BELOW = {"alpha": 0.05, "at_chance": True, "below_chance": True, "chance_value": 0.15, "ci": [0.0, 0.1128],
+BELOW = {"alpha": 0.05, "at_chance": True, "below_chance": True, "chance_value": 0.15, "ci": [0.0, 0.1128], "floor": 0.02,
          "ci_level": 0.9833333333333333, "correction": "bonferroni", "mean": 0.0, "metric": "probe accuracy",
          "n_compared": 3, "n_examples": 40, "p_value": 0.008717340530371785, "p_value_uncorrected": 0.0029057801767905954}
 
@@ -29,7 +29,8 @@ def test_narrowly_at_chance_only_between_alpha_and_twice_alpha():
     near = {**BELOW, "below_chance": False, "p_value": 0.07, "p_value_uncorrected": 0.0233}
     assert correction_words({"chance": near}).endswith("at chance, narrowly (corrected p under twice the threshold).")
     inside_floor = {**near, "p_value": 0.01, "p_value_uncorrected": 0.0033}  # at chance by the effect floor, p < alpha
-    assert correction_words({"chance": inside_floor}).endswith("(uncorrected 0.0033), at chance.")
+    assert correction_words({"chance": inside_floor}).endswith(  # review 18a A1: p under alpha is not just "at chance"
+        "(uncorrected 0.0033), at chance all the same: the gain over the majority baseline is under the 0.02 floor.")
 
 
 def test_path_patching_not_run_is_one_sentence():
