@@ -23,7 +23,16 @@ from headscope.analyses.core import chance
 from headscope.reports.circuits_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.findings import ci_pair
 from headscope.reports.moe_words import moe_layers
-from headscope.reports.plots import axes, color_scale, label, laid_out, mute_drawn, quiet_reason, symmetric_bound
+from headscope.reports.plots import (
+    axes,
+    color_scale,
+    fit_bar_label,
+    label,
+    laid_out,
+    mute_drawn,
+    quiet_reason,
+    symmetric_bound,
+)
 from headscope.reports.plots_experts import experts_figure
 
 
@@ -189,6 +198,8 @@ def plot_dla_heads(data: pd.DataFrame, *, quiet: str | None = None, cap: float |
     sns.heatmap(grid, ax=ax, **color_scale(bound=bound, is_signed=True, quiet=bool(quiet)),
                 cbar_kws={"label": dla_units(cap)}, xticklabels=True, yticklabels=True)
     ax.set(xlabel="head", ylabel="layer", title="Direct logit attribution per head" + (f"\n{quiet}" if quiet else ""))
+    if cap:  # the longer label re-wrapped to the bar's height
+        fit_bar_label(ax.collections[0].colorbar.ax)
     return ax
 
 

@@ -105,7 +105,7 @@ def _dla_figures_say_before_the_cap(dla, before: torch.Tensor, after: torch.Tens
 
     figs = plots_circuits.figures(dla)
     label = "direct logit attribution\n(logits before the final soft-cap 30 tanh(x / 30))"
-    assert figs["circuits_dla_heads"].axes[-1].get_ylabel() == label
+    assert " ".join(figs["circuits_dla_heads"].axes[-1].get_ylabel().split()) == " ".join(label.split())  # re-wrapped
     assert figs["circuits_dla_components"].axes[0].get_ylabel() == label
     for fig in figs.values():
         plt.close(fig)
