@@ -136,6 +136,19 @@ def repr_words(facts: Any) -> str:
     return out
 
 
+SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+def norms_before_and_after(bridge: Any) -> bool:
+    """Whether every block norms both the input and the output of its attention and of its MLP (Gemma 2/3's four norms
+    per block, by their Hugging Face names; Llama's post_attention_layernorm alone is its pre-MLP norm)."""
+    from headscope.models.hooked_model import raw_module  # it imports this module
+
+    blocks = list(getattr(bridge, "blocks", None) or [])
+    return bool(blocks) and all(all(isinstance(getattr(raw_module(b), n, None), torch.nn.Module) for n in SANDWICH)
+                                for b in blocks)
+
+
 def tl_config_fields(facts: Any, windows: Sequence[int | None], embed_inside: float) -> dict[str, Any]:
     """TransformerLens config fields as its HookedTransformer configs give them for this model (Gemma 2/3's:
     attn_scale the scores' divisor sqrt(query_pre_attn_scalar), use_qk_norm, window_size, use_local_attn, attn_types

@@ -244,13 +244,16 @@ def load_model(
 
 def _true_tl_config(model: HookedModel) -> None:
     """Review 18b A3: the TransformerLens cfg fields the bridge leaves at its defaults (Gemma 3's attn_scale -1,
-    use_qk_norm False, window_size / attn_types None, rotary_base 10000, scale_embedding None) set as TransformerLens's
+    use_qk_norm False, window_size / attn_types None, rotary_base 10000, scale_embedding None,
+    use_normalization_before_and_after False) set as TransformerLens's
     own configs give them (config_facts.tl_config_fields), so model.cfg agrees with model.facts. The bridge computes
     with Hugging Face's modules, not these fields: only what a user reads changes."""
     if model.facts.is_encoder:
         return
     fields = config_facts.tl_config_fields(model.facts, layer_windows(model),
                                            config_facts.embedding_scales(model.bridge)[0])
+    if config_facts.norms_before_and_after(model.bridge):  # Gemma 2/3's four norms per block
+        fields["use_normalization_before_and_after"] = True
     for key, value in fields.items():
         setattr(model.bridge.cfg, key, value)
 

@@ -59,12 +59,14 @@ def test_facts_carry_the_embedding_and_score_scales(gemmas, name):
 def test_cfg_reads_as_transformer_lens_configs_give_gemma(gemmas):
     """A3: model.cfg's fields as TransformerLens's own Gemma configs give them: attn_scale the scores' divisor
     sqrt(24) (was -1, sqrt(16)), use_qk_norm, window_size 8 with attn_types local/global (were None), rotary_base
-    the global layers' 1e6 and rotary_base_local 1e4 (was 10000 everywhere), scale_embedding (was None)."""
+    the global layers' 1e6 and rotary_base_local 1e4 (was 10000 everywhere), scale_embedding (was None),
+    use_normalization_before_and_after (was False)."""
     g3, g2 = gemmas["gemma3"].cfg, gemmas["gemma2"].cfg
     assert g3.attn_scale == pytest.approx(math.sqrt(24)) and g3.use_attn_scale
     assert (g3.use_qk_norm, g3.window_size, g3.attn_types, g3.use_local_attn) == (True, 8, ["local", "global"], True)
     assert (g3.rotary_base, g3.rotary_base_local, g3.scale_embedding) == (1000000, 10000, True)
     assert (g3.output_logits_soft_cap, g3.d_head) == (5.0, 16)
+    assert g3.use_normalization_before_and_after and g2.use_normalization_before_and_after  # four norms per block
     assert g2.attn_scale == pytest.approx(math.sqrt(24)) and g2.use_qk_norm is False  # Gemma 2 has no q/k norm
     assert (g2.rotary_base, getattr(g2, "rotary_base_local", None), g2.attn_types) == (500000, None, ["local", "global"])
     assert (g2.attn_scores_soft_cap, g2.output_logits_soft_cap, g2.scale_embedding) == (3.0, 6.0, True)
