@@ -93,3 +93,20 @@ def test_report_header_names_the_scales_caps_and_rotary_bases(tmp_path, gemmas):
     want = ("d_model 64, scalings: embedding x8, attention scores x0.204124 (not 1/sqrt(d_head)), final logits "
             "soft-capped: 5 tanh(logit / 5), rotary base 10000 on layer 0 and 1e+06 on layer 1")
     assert md_escape(want) in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gemma2"])
+def test_patterns_at_the_unequal_score_scale_are_hugging_faces(gemmas, name):
+    """A4's numbers: with query_pre_attn_scalar 24 != head_dim 16, every layer's cached pattern (sliding layer 0,
+    global layer 1; Gemma 2's score soft-cap too) is plain HF eager's output_attentions."""
+    from transformers import AutoModelForCausalLM
+
+    model = gemmas[name]
+    hf = AutoModelForCausalLM.from_pretrained(model.source, dtype=torch.float32, attn_implementation="eager").eval()
+    tokens = torch.tensor([[2] + [4 + (7 * i) % 60 for i in range(11)]])  # [1, 12]: past the window of 8
+    with torch.no_grad():
+        want = hf(tokens, output_attentions=True).attentions  # n_layers x [1, head, q, k]
+    _, cache = model.run_with_cache(tokens)
+    for layer in range(2):
+        assert torch.allclose(cache["pattern", layer], want[layer], atol=1e-6), layer
+
