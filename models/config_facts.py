@@ -15,7 +15,7 @@ which loading writes into the bridge's cfg once, at load (README, "TransformerLe
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -90,13 +90,19 @@ def _layers(ls: list[int]) -> str:
     return ("layer " if len(ls) == 1 else "layers ") + ", ".join(map(str, ls))
 
 
-def rope_words(bases: Sequence[float] | None) -> str:
-    """'rotary base 10000 on layers 0, 1, 2 and 1e+06 on layer 3' where the layers' bases differ, else ''."""
+def rope_words(bases: Sequence[float] | None, windowed: Iterable[int] = ()) -> str:
+    """'rotary base 10000 on layers 0, 1, 2 and 1e+06 on layer 3' where the layers' bases differ, else ''; where one
+    base is on exactly the sliding-window layers (`windowed`) and another on the rest: 'rotary base 10000 on the
+    sliding-window layers and 1e+06 on the global ones' (Gemma 3's 26 layers need no list)."""
     if not bases or len(set(bases)) < 2:
         return ""
     by: dict[float, list[int]] = {}
     for layer, base in enumerate(bases):
         by.setdefault(float(base), []).append(layer)
+    local = set(windowed)
+    if len(by) == 2 and local and any(set(ls) == local for ls in by.values()):
+        (a, la), (b, _) = sorted(by.items(), key=lambda kv: set(kv[1]) != local)
+        return f"rotary base {a:g} on the sliding-window layers and {b:g} on the global ones"
     parts = [f"{base:g} on {_layers(ls)}" for base, ls in by.items()]
     return "rotary base " + ", ".join(parts[:-1]) + " and " + parts[-1]
 
@@ -114,20 +120,21 @@ def cap_words(final: Any, attention: Any) -> list[str]:
 
 def header_words(model: Mapping[str, Any]) -> list[str]:
     """The report header's phrases for the soft-caps and differing rotary bases, from the manifest's facts."""
+    windowed = [int(k) for k in (model.get("attention_windows") or {})]
     return cap_words(model.get("final_softcap"), model.get("attn_softcap")) + (
-        [w] if (w := rope_words(model.get("rope_bases"))) else [])
+        [w] if (w := rope_words(model.get("rope_bases"), windowed)) else [])
 
 
-def repr_words(facts: Any) -> str:
+def repr_words(facts: Any, windowed: Iterable[int] = ()) -> str:
     """print(model)'s fields for the same facts, each with ', ' after: 'embed_scale=8, attention_scale=0.204124 (not
-    1/sqrt(16)), rope_theta=(10000 on layers 0, 1, 2; 1e+06 on layer 3), final_logit_softcap=5, '."""
+    1/sqrt(16)), rope_theta=(10000 on the sliding-window layers; 1e+06 on the global ones), final_logit_softcap=5, '."""
     out = ""
     if facts.embed_scale != 1.0:
         out += f"embed_scale={facts.embed_scale:g}, "
     if facts.attention_scale is not None:
         width = (facts.mla or {}).get("d_head_qk") or facts.d_head
         out += f"attention_scale={facts.attention_scale:.6g} (not 1/sqrt({width})), "
-    if words := rope_words(facts.rope_bases):
+    if words := rope_words(facts.rope_bases, windowed):
         out += "rope_theta=(" + words.removeprefix("rotary base ").replace(" and ", "; ") + "), "
     if facts.attn_softcap:
         out += f"attn_softcap={facts.attn_softcap:g}, "

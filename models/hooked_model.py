@@ -465,7 +465,7 @@ class HookedModel(TLHabits):
             f"HookedModel({f.name!r}: {f.family} {kind}, {f.n_layers} layers x {f.n_heads} heads "
             f"({f.n_kv_heads} KV), {attention}d_model={f.d_model}, {self._mlp_repr()}, n_ctx={f.context_words}, "
             + self._window_repr()  # review 17d C2: GPT-Neo's local layers, Mistral's, Gemma's sliding layers
-            + config_facts.repr_words(f)  # review 18b C1: Gemma's x8 embedding, score scale, rotary bases, soft-caps
+            + config_facts.repr_words(f, [i for i, w in enumerate(layer_windows(self)) if w])  # review 18b C1
             + f"dtype={str(self.dtype).removeprefix('torch.')}, device={self.device})"
         )
 

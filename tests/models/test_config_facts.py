@@ -75,7 +75,8 @@ def test_cfg_reads_as_transformer_lens_configs_give_gemma(gemmas):
 def test_print_model_names_the_scales_caps_and_rotary_bases(gemmas):
     """C1: print(model) names the x8 embedding, the score scale, the rotary bases where layers differ and the caps."""
     assert ("sliding_window=8 on layer 0, embed_scale=8, attention_scale=0.204124 (not 1/sqrt(16)), rope_theta=(10000 "
-            "on layer 0; 1e+06 on layer 1), final_logit_softcap=5, dtype=float32") in repr(gemmas["gemma3"])
+            "on the sliding-window layers; 1e+06 on the global ones), final_logit_softcap=5, dtype=float32"
+            ) in repr(gemmas["gemma3"])
     assert ("embed_scale=8, attention_scale=0.204124 (not 1/sqrt(16)), attn_softcap=3, final_logit_softcap=6, "
             "dtype=float32") in repr(gemmas["gemma2"])
 
@@ -86,13 +87,19 @@ def test_report_header_names_the_scales_caps_and_rotary_bases(tmp_path, gemmas):
     from headscope.reports.html_report import write_report_files
     from headscope.reports.render import md_escape
 
-    f = gemmas["gemma3"].facts
-    info = {**vars(f), "name": "m", "rope_bases": list(f.rope_bases)}  # as the manifest's JSON holds it
+    from headscope.models.config_facts import rope_words
+    from headscope.reports.report import model_record
+
+    info = io.read_json(io.write_json(tmp_path / "m.json", model_record(gemmas["gemma3"])))
     io.write_json(tmp_path / "manifest.json", {"config": {}, "model": {"name": "m"}})
-    write_report_files(tmp_path, [], {}, info)
+    write_report_files(tmp_path, [], {}, info)  # the facts as the manifest's JSON holds them
     want = ("d_model 64, scalings: embedding x8, attention scores x0.204124 (not 1/sqrt(d_head)), final logits "
-            "soft-capped: 5 tanh(logit / 5), rotary base 10000 on layer 0 and 1e+06 on layer 1")
+            "soft-capped: 5 tanh(logit / 5), rotary base 10000 on the sliding-window layers and 1e+06 on the global ones, "
+            "layer 0 attends over a sliding window of 8 keys (the others globally)")
     assert md_escape(want) in (tmp_path / "report.md").read_text()
+    # bases that do not follow the windows are listed by layer
+    assert rope_words((1e4, 1e4, 1e6, 1e4), [0, 1]) == "rotary base 10000 on layers 0, 1, 3 and 1e+06 on layer 2"
+    assert rope_words((5e5, 5e5), [0]) == ""
 
 
 @pytest.mark.parametrize("name", ["gemma3", "gemma2"])
