@@ -84,10 +84,9 @@ def test_print_model_names_the_scales_caps_and_rotary_bases(gemmas):
 def test_report_header_names_the_scales_caps_and_rotary_bases(tmp_path, gemmas):
     """C1/A4: the header from the manifest's facts names the scalings (embedding x8, scores x0.204124), the final
     soft-cap and the two rotary bases."""
+    from headscope.models.config_facts import rope_words
     from headscope.reports.html_report import write_report_files
     from headscope.reports.render import md_escape
-
-    from headscope.models.config_facts import rope_words
     from headscope.reports.report import model_record
 
     info = io.read_json(io.write_json(tmp_path / "m.json", model_record(gemmas["gemma3"])))
