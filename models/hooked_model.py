@@ -26,7 +26,7 @@ from headscope.errors import (
     TokenizationError,
     TokenizationWarning,
 )
-from headscope.models import attention_layout, heap
+from headscope.models import attention_layout, config_facts, heap
 from headscope.models.readout import is_post_ln_block, unembed_weight
 from headscope.models.tl_habits import TLHabits
 from headscope.models.token_text import token_strings, unknown_words
@@ -64,8 +64,15 @@ class ModelFacts:
     # residual_scale; weights (W_U, W_out) do not, so whatever unembeds or forms writes by hand reads these.
     logit_scale: float = 1.0  # logits = logit_scale * (final normed stream @ W_U + b_U), before any soft-cap
     residual_scale: float = 1.0  # each block's attention and MLP output x this before the residual add
-    embed_scale: float = 1.0  # the token embedding x this before the first block
-    attention_scale: float | None = None  # the scores' scale where not 1/sqrt(d_head): the config's, or MLA's (q/k width)
+    embed_scale: float = 1.0  # the token embedding x this before the first block (Gemma's sqrt(d_model) included)
+    # the scores' scale where not 1/sqrt(d_head): the config's, MLA's (q/k width), or the attention modules' own
+    # `scaling` (Gemma 2/3's query_pre_attn_scalar^-0.5; review 18b A4)
+    attention_scale: float | None = None
+    # Review 18b A4/C1 (models/config_facts.py): the final-logit and attention-score soft-caps (cap * tanh(x / cap),
+    # Gemma 2/3), None without; each layer's rotary base (Gemma 3: 1e4 sliding, 1e6 global), None where not read.
+    final_softcap: float | None = None
+    attn_softcap: float | None = None
+    rope_bases: tuple[float, ...] | None = None
     # Multi-head latent attention (DeepSeek-V2/V3: the config has kv_lora_rank): q/k heads d_head_qk wide
     # (qk_nope + qk_rope_dim rotary), v heads and z d_head (= v_head_dim) wide, K/V expanded from a kv_lora_rank
     # latent, q from a q_lora_rank one (None: q projected directly). All None on other attention.
@@ -129,6 +136,9 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
     is_encoder = getattr(cfg, "attention_dir", "causal") == "bidirectional" or arch.startswith("Bert")
     n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
     mla = mla_layout(bridge)
+    hf = config_facts.hf_text_config(bridge)
+    caps = config_facts.softcaps(hf)
+    rotary = str(getattr(cfg, "positional_embedding_type", "")) == "rotary"
     return ModelFacts(
         name=name,
         family=_FAMILIES.get(arch, arch),
@@ -146,12 +156,14 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         positional=str(getattr(cfg, "positional_embedding_type", "standard")),
         logit_scale=output_logit_scale(bridge),
         residual_scale=_residual_scale(bridge),
-        embed_scale=float(getattr(getattr(bridge, "embed", None), "_output_contribution_scale", 1.0)),
-        attention_scale=_attention_multiplier(bridge),
+        embed_scale=math.prod(config_facts.embedding_scales(bridge)),  # Gemma's x sqrt(d_model) (review 18b A4)
+        attention_scale=_attention_multiplier(bridge, None if mla else int(cfg.d_head)),
         mla=mla,
         fixed_context=config_names_context(getattr(getattr(bridge, "original_model", None), "config", None)),
         post_ln=any(is_post_ln_block(b) for b in getattr(bridge, "blocks", None) or []),
         d_embed=_projected_embedding(bridge, int(cfg.d_model)),
+        final_softcap=caps[0], attn_softcap=caps[1],
+        rope_bases=config_facts.rope_bases(hf, int(cfg.n_layers)) if rotary else None,
         **_attention_facts(bridge, None if mla else int(cfg.d_head), str(getattr(cfg, "positional_embedding_type", ""))),
     )
 
@@ -237,17 +249,18 @@ def _residual_scale(bridge: Any) -> float:
     return float(getattr(blocks[0], "residual_contribution_scale", 1.0)) if blocks else 1.0
 
 
-def _attention_multiplier(bridge: Any) -> float | None:
+def _attention_multiplier(bridge: Any, d_head: int | None = None) -> float | None:
     """The attention score scale where it is not 1/sqrt(d_head): the config's (Granite's attention_multiplier);
     on multi-head latent attention (review 16v A1: d_head is v's width there) qk_head_dim^-0.5, times mscale^2
     where a non-default rope sets mscale_all_dim (DeepSeek's YaRN: mscale = 0.1 mscale_all_dim ln(factor) + 1 for
-    factor > 1); else None."""
+    factor > 1); else the attention modules' own `scaling` where it is not d_head^-0.5 (review 18b A4: Gemma 2/3's
+    query_pre_attn_scalar^-0.5); else None."""
     config = getattr(getattr(bridge, "original_model", None), "config", None)
     value = getattr(config, "attention_multiplier", None)
     if isinstance(value, (int, float)):
         return float(value)
     if getattr(config, "kv_lora_rank", None) is None:
-        return None
+        return config_facts.module_score_scale(bridge, d_head) if d_head else None
     scale = float(config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     mscale_all_dim, factor = rope.get("mscale_all_dim") or 0, float(rope.get("factor") or 1.0)
@@ -452,6 +465,7 @@ class HookedModel(TLHabits):
             f"HookedModel({f.name!r}: {f.family} {kind}, {f.n_layers} layers x {f.n_heads} heads "
             f"({f.n_kv_heads} KV), {attention}d_model={f.d_model}, {self._mlp_repr()}, n_ctx={f.context_words}, "
             + self._window_repr()  # review 17d C2: GPT-Neo's local layers, Mistral's, Gemma's sliding layers
+            + config_facts.repr_words(f, [i for i, w in enumerate(layer_windows(self)) if w])  # review 18b C1
             + f"dtype={str(self.dtype).removeprefix('torch.')}, device={self.device})"
         )
 

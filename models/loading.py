@@ -30,9 +30,9 @@ from headscope.errors import (
     OfflineModelError,
     TokenizationWarning,
 )
-from headscope.models import falcon_qkv, threads
+from headscope.models import config_facts, falcon_qkv, threads
 from headscope.models.conversion_check import check_conversion
-from headscope.models.hooked_model import HookedModel, facts_from_bridge
+from headscope.models.hooked_model import HookedModel, facts_from_bridge, layer_windows
 from headscope.models.token_text import round_trip_problem
 
 log = logging.getLogger(__name__)
@@ -237,7 +237,25 @@ def load_model(
     _mla_z_heads(bridge, facts)
     check_conversion(bridge, name)  # one probe of 8 tokens: the bridge against Hugging Face's own forward
     log.info("loaded %s from %s", name, location)
-    return HookedModel(bridge, tokenizer, facts, source=location, prepend_bos=prepend_bos)
+    model = HookedModel(bridge, tokenizer, facts, source=location, prepend_bos=prepend_bos)
+    _true_tl_config(model)
+    return model
+
+
+def _true_tl_config(model: HookedModel) -> None:
+    """Review 18b A3: the TransformerLens cfg fields the bridge leaves at its defaults (Gemma 3's attn_scale -1,
+    use_qk_norm False, window_size / attn_types None, rotary_base 10000, scale_embedding None,
+    use_normalization_before_and_after False) set as TransformerLens's
+    own configs give them (config_facts.tl_config_fields), so model.cfg agrees with model.facts. The bridge computes
+    with Hugging Face's modules, not these fields: only what a user reads changes."""
+    if model.facts.is_encoder:
+        return
+    fields = config_facts.tl_config_fields(model.facts, layer_windows(model),
+                                           config_facts.embedding_scales(model.bridge)[0])
+    if config_facts.norms_before_and_after(model.bridge):  # Gemma 2/3's four norms per block
+        fields["use_normalization_before_and_after"] = True
+    for key, value in fields.items():
+        setattr(model.bridge.cfg, key, value)
 
 
 def _native_norms_in_half_precision(bridge: Any) -> None:

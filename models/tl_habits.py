@@ -90,7 +90,9 @@ class NamedHookPoint:
 class ConfigView:
     """Read-only view of the bridge's TransformerLens config (`model.cfg.n_layers`, `d_head`, `act_fn`,
     `normalization_type`, `n_key_value_heads`, ...): every field reads as TransformerLens's bridge cfg
-    has it. Setting a field is refused: headscope reads the architecture once, at load."""
+    has it, where loading has set those the bridge leaves at their defaults from the HF config (d_mlp; review 18b
+    A3: attn_scale, use_qk_norm, window_size, attn_types, rotary_base(_local), scale_embedding:
+    models/config_facts.tl_config_fields). Setting a field is refused: headscope reads the architecture once, at load."""
 
     __slots__ = ("_cfg",)
     SHOWN = ("n_layers", "n_heads", "n_key_value_heads", "d_model", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn",

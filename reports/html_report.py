@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from headscope.models.attention_layout import attention_words
+from headscope.models.config_facts import header_words
 from headscope.models.hooked_model import window_words
 from headscope.reports import io
 from headscope.reports.explorer_view import (
@@ -432,6 +433,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         facts += f", {experts}"
     ran = [n for n in names if str(status.get(n, "")).startswith("done")]  # review 16a C2: the sections with numbers
     facts += scalings_clause(model, ran)  # review 15a C3: Granite's multipliers decide what the units mean
+    facts += "".join(", " + w for w in header_words(model))  # review 18b C1: soft-caps, rotary bases by layer
     if words := window_words(model.get("attention_windows") or {}, model.get("n_layers")):  # review 17d C2
         facts += f", {words}"
     if model.get("tied_embeddings"):  # review 9b C2: the unembedding is the embedding (DLA and the lens read it)

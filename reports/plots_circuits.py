@@ -23,7 +23,16 @@ from headscope.analyses.core import chance
 from headscope.reports.circuits_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.findings import ci_pair
 from headscope.reports.moe_words import moe_layers
-from headscope.reports.plots import axes, color_scale, label, laid_out, mute_drawn, quiet_reason, symmetric_bound
+from headscope.reports.plots import (
+    axes,
+    color_scale,
+    fit_bar_label,
+    label,
+    laid_out,
+    mute_drawn,
+    quiet_reason,
+    symmetric_bound,
+)
 from headscope.reports.plots_experts import experts_figure
 
 
@@ -170,16 +179,27 @@ def lens_figure(data: pd.DataFrame, *, n_answers: int | None = None, means: Mapp
     return fig
 
 
-def plot_dla_heads(data: pd.DataFrame, *, quiet: str | None = None, ax=None):
+def dla_units(cap: float | None) -> str:
+    """DLA's axis label: "direct logit attribution (logits)", or where the model soft-caps its final logits (the
+    summary's dla_final_softcap) the logits before that cap, which the rows add up to (review 18d C2)."""
+    if not cap:
+        return "direct logit attribution (logits)"
+    return f"direct logit attribution\n(logits before the final soft-cap {cap:g} tanh(x / {cap:g}))"
+
+
+def plot_dla_heads(data: pd.DataFrame, *, quiet: str | None = None, cap: float | None = None, ax=None):
     """`data`: the dla_mean table. Mean DLA of each head, layers (rows) x heads (columns) like every head grid, on a diverging
-    scale centred at 0 (red: writes toward the answer); `quiet` (plots.quiet_reason) mutes it and says why."""
+    scale centred at 0 (red: writes toward the answer); `quiet` (plots.quiet_reason) mutes it and says why; `cap`: the
+    model's final soft-cap (the colour bar's logits are before it)."""
     ax = axes(ax, (6, 4))
     heads = data[data.kind == "head"].astype({"layer": int, "head": int})
     grid = heads.pivot_table(index="layer", columns="head", values="contribution", aggfunc="mean")  # [layer, head]
     bound = symmetric_bound(grid.to_numpy(dtype=float))
     sns.heatmap(grid, ax=ax, **color_scale(bound=bound, is_signed=True, quiet=bool(quiet)),
-                cbar_kws={"label": "direct logit attribution (logits)"}, xticklabels=True, yticklabels=True)
+                cbar_kws={"label": dla_units(cap)}, xticklabels=True, yticklabels=True)
     ax.set(xlabel="head", ylabel="layer", title="Direct logit attribution per head" + (f"\n{quiet}" if quiet else ""))
+    if cap:  # the longer label re-wrapped to the bar's height
+        fit_bar_label(ax.collections[0].colorbar.ax)
     return ax
 
 
@@ -192,12 +212,14 @@ def _t_bar(values) -> tuple[float, float]:
     return (mean, mean) if ci is None else (ci[0], ci[1])
 
 
-def plot_dla_components(data: pd.DataFrame, *, moe: list[int] | None = None, zero: list[str] | None = None, ax=None):
+def plot_dla_components(data: pd.DataFrame, *, moe: list[int] | None = None, zero: list[str] | None = None,
+                        cap: float | None = None, ax=None):
     """`data`: the dla table. DLA of the embeddings, each MLP, the attention biases and the final norm/unembedding bias
     terms (mean and 95% t interval over examples, the summary's dla_top_intervals). `moe` (the summary's moe_layers):
     those blocks' mlpN ticks read "mlpN (MoE)", a whole mixture-of-experts block (verify 11c: mlp0 and mlp2 were
     drawn like the dense mlp1). `zero` (the summary's dla_zero_components, 0 up to the run's rounding): a kind all
-    of whose components are in it is left out (None, an older summary: float32's rule, zero_components)."""
+    of whose components are in it is left out (None, an older summary: float32's rule, zero_components). `cap`: the
+    model's final soft-cap (the axis's logits are before it)."""
     ax = axes(ax, (8, 4))
     zero = set(zero_components(data) if zero is None else zero)
     rows = data[data.kind != "head"]
@@ -214,7 +236,7 @@ def plot_dla_components(data: pd.DataFrame, *, moe: list[int] | None = None, zer
         marked = {f"mlp{layer}" for layer in moe}
         ax.set_xticks(range(len(order)), [f"{c} (MoE)" if c in marked else c for c in order])
     ax.tick_params(axis="x", labelrotation=60)
-    ax.set(xlabel="", ylabel="direct logit attribution (logits)", title="Embeddings, MLPs and bias terms"
+    ax.set(xlabel="", ylabel=dla_units(cap), title="Embeddings, MLPs and bias terms"
            + (f"\n(0 within rounding for every example, left out: {', '.join(zero)})" if zero else ""))
     return ax
 
@@ -434,13 +456,14 @@ def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a circuits Result (whichever of its tables are present)."""
     tables, s = result.tables, result.summary
     quiet, off = quiet_reason(s), unreported(s)
+    cap = s.get("dla_final_softcap")  # review 18d C2: the DLA figures' logits are before the model's final soft-cap
     draws = {
         "circuits_lens": ("lens", lambda data: lens_figure(
             data, n_answers=s.get("lens_n_answers"), means=s.get("lens_mean_logit_diff_per_layer"),
             intervals=s.get("lens_logit_diff_ci_per_layer")).axes[0]),
-        "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet)),
+        "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet, cap=cap)),
         "circuits_dla_components": ("dla", lambda data: mute_drawn(plot_dla_components(
-            data, moe=moe_layers(s), zero=s.get("dla_zero_components")), quiet)),  # review 14a C4: muted as its neighbours
+            data, moe=moe_layers(s), zero=s.get("dla_zero_components"), cap=cap), quiet)),  # review 14a C4: muted
         "circuits_dla_experts": ("dla_experts_mean", lambda data: experts_figure(
             data, dla=tables.get("dla"), quiet=quiet).axes[0]),
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),
@@ -498,7 +521,7 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                                "them) and norm biases; with the heads (the per-head map) they add up to the final "
                                "logit difference (the "
                                "answer's logit where the task has no wrong answers; before the model's final logit "
-                               "soft-cap, where it has one: Gemma 2's). "
+                               "soft-cap, where it has one: Gemma 2's and 3's). "
                                "Bars: mean over examples; error bars: its 95% t interval over examples (writers whose "
                                "intervals overlap may not differ). Kinds that are 0 within rounding for every example "
                                "(below 1e-5 of the largest writer, e.g. bias terms of a model without biases) are left "
@@ -573,6 +596,22 @@ def _attn_bias_words(parts: Any) -> str:
             "bias, so attn_bias is not an attention bias)")
 
 
+_UNITS = {"circuits_dla_heads": "Direct logit attribution per head (logits)",
+          "circuits_dla_components": "Direct logit attribution per component (logits)"}
+
+
+def _capped_units(summary: Mapping[str, Any]) -> str:
+    """The DLA figures' units where the model soft-caps its final logits (review 18d C2): '(logits before the model's
+    final soft-cap 6 tanh(x / 6); heads and components together add up to the mean logit difference before the cap,
+    9.61, not to the model's output after it, 6.87)'."""
+    cap, before, final = (summary.get(k) for k in ("dla_final_softcap", "dla_logit_before_softcap", "dla_final_logit"))
+    what = "answer logit" if summary.get("dla_direction") == "answer" else "logit difference"
+    sums = (f"; heads and components together add up to the mean {what} before the cap, {before:.3g}, not to the "
+            f"model's output after it, {final:.3g}"
+            if isinstance(before, (int, float)) and isinstance(final, (int, float)) else "")
+    return f"(logits before the model's final soft-cap {cap:g} tanh(x / {cap:g}){sums})"
+
+
 def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
     """A figure's caption for this run where it depends on it (families.py), else None (CAPTIONS' holds): the metric
     named for what it is (the answer's logit where the task has no wrong answers), and the faithfulness and MIB
@@ -585,6 +624,9 @@ def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
         text = text.replace(*_ANSWER_ONLY[stem])
     if stem == "circuits_dla_components" and (bias := _attn_bias_words(summary.get("dla_attn_bias_parts"))):
         text = text.replace(_ATTN_BIAS, bias)
+    if stem in _UNITS and isinstance(summary.get("dla_final_softcap"), (int, float)):  # review 18d C2
+        text = text.replace(_UNITS[stem], _UNITS[stem].replace("(logits)", _capped_units(summary)))
+        text = text.replace("soft-cap, where it has one: Gemma 2's and 3's)", "soft-cap)")
     off = unreported(summary) if stem in ("circuits_faithfulness", "circuits_mib") else None
     if off:
         text = f"Not reported in the findings: {off}. {text}"

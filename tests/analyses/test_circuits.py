@@ -81,6 +81,7 @@ def test_logit_lens_and_dla_on_gemma2s_final_softcap(arch_dirs):
     assert (f"The components sum to the logit difference before the model's final logit soft-cap (30 tanh(logit / "
             f"30)): {before.mean():.2f}; the model's output, after the cap, is {after.mean():.2f}.") in text, text
     assert "of a final logit difference" not in text
+    _dla_figures_say_before_the_cap(dla, before, after)
     res = circuits.logit_lens(model, task, circuits.CircuitsConfig(lens_target="answer"))
     lens = res.tables["lens"]
     last = lens[lens.is_answer & (lens.layer == model.facts.n_layers)].sort_values("example")
@@ -92,6 +93,28 @@ def test_logit_lens_and_dla_on_gemma2s_final_softcap(arch_dirs):
     raw = 30.0 * torch.atanh(logits.double() / 30.0)  # the uncapped logits: the cap must matter for the test to bite
     raw_diff = (raw.gather(1, task.answers[:, None]) - raw.gather(1, task.wrong_answers[:, None]))[:, 0]
     assert (raw_diff - diff).abs().max() > 0.1, (raw_diff, diff)
+
+
+def _dla_figures_say_before_the_cap(dla, before: torch.Tensor, after: torch.Tensor) -> None:
+    """Review 18d C2: on a soft-capped model the DLA figures' axis and colour bar say their logits are before the
+    final soft-cap (they were "direct logit attribution (logits)"), and their captions give what the bars add up to
+    (HF's pre-cap mean) against the model's capped output (HF's logits)."""
+    import matplotlib.pyplot as plt
+
+    from headscope.reports import plots_circuits
+
+    figs = plots_circuits.figures(dla)
+    label = "direct logit attribution\n(logits before the final soft-cap 30 tanh(x / 30))"
+    assert " ".join(figs["circuits_dla_heads"].axes[-1].get_ylabel().split()) == " ".join(label.split())  # re-wrapped
+    assert figs["circuits_dla_components"].axes[0].get_ylabel() == label
+    for fig in figs.values():
+        plt.close(fig)
+    sums = (f"(logits before the model's final soft-cap 30 tanh(x / 30); heads and components together add up to the "
+            f"mean logit difference before the cap, {float(before.mean()):.3g}, not to the model's output after it, "
+            f"{float(after.mean()):.3g})")
+    for stem in ("circuits_dla_heads", "circuits_dla_components"):
+        caption = plots_circuits.caption_for(stem, dla.summary)
+        assert caption is not None and sums in caption and "where it has one" not in caption, caption
 
 
 @pytest.mark.parametrize("family", FAMILIES)

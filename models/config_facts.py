@@ -1,0 +1,182 @@
+"""What a model multiplies, caps and rotates by, read from its Hugging Face modules and config (review 18b A3, A4,
+C1), for ModelFacts, print(model), the report header and model.cfg's TransformerLens fields:
+
+- the embedding's scale: the embedding module's own (Gemma's x sqrt(d_model), in the weights' dtype) times the
+  bridge's after it (Granite's embedding_multiplier);
+- the attention scores' scale where it is not 1/sqrt(d_head): each attention module's `scaling` (Gemma 2/3's
+  query_pre_attn_scalar^-0.5);
+- the soft-caps: final logits cap * tanh(logit / cap), attention scores the same (Gemma 2);
+- each layer's rotary base (Gemma 3: 10,000 on sliding layers, 1,000,000 on global ones).
+
+TransformerLens 4.3's bridge leaves several of these at its defaults (attn_scale -1, use_qk_norm False, window_size
+None, rotary_base 10000 wherever the HF config has no flat rope_theta); `tl_config_fields` gives the true values,
+which loading writes into the bridge's cfg once, at load (README, "TransformerLens habits").
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+
+def hf_text_config(bridge: Any) -> Any:
+    """The Hugging Face config of the bridge's model (its text config where it has one), or None."""
+    config = getattr(getattr(bridge, "original_model", None), "config", None)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def embedding_scales(bridge: Any) -> tuple[float, float]:
+    """(inside, after): what the input embedding module itself multiplies by, in its weights' dtype as its forward
+    does (Gemma's embed_scale, sqrt(d_model)), and what the bridge's hook_embed applies after it (Granite's
+    embedding_multiplier); 1.0 for none."""
+    hf = getattr(bridge, "original_model", None)
+    try:
+        module = hf.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        module = None
+    inside = getattr(module, "embed_scale", None)
+    weight = getattr(module, "weight", None)
+    if isinstance(inside, torch.Tensor):
+        inside = inside.to(weight.dtype) if isinstance(weight, torch.Tensor) else inside
+        inside = float(inside)
+    after = getattr(getattr(bridge, "embed", None), "_output_contribution_scale", 1.0)
+    return (float(inside) if isinstance(inside, (int, float)) else 1.0), float(after)
+
+
+def module_score_scale(bridge: Any, d_head: int) -> float | None:
+    """The attention scores' scale from the Hugging Face attention modules' own `scaling` (what their forward
+    multiplies q k^T by) where every block's agrees and it is not 1/sqrt(d_head) (Gemma 2/3:
+    query_pre_attn_scalar^-0.5), else None."""
+    from headscope.models.hooked_model import raw_module  # it imports this module
+
+    values = set()
+    for block in getattr(bridge, "blocks", None) or []:
+        attn = getattr(block, "attn", None)
+        value = getattr(raw_module(attn), "scaling", None) if attn is not None else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        values.add(float(value))
+    if len(values) != 1:
+        return None
+    value = values.pop()
+    return None if math.isclose(value, d_head ** -0.5, rel_tol=1e-9) else value
+
+
+def softcaps(config: Any) -> tuple[float | None, float | None]:
+    """(final, attention): the config's final_logit_softcapping and attn_logit_softcapping, None where unset."""
+    caps = (getattr(config, "final_logit_softcapping", None), getattr(config, "attn_logit_softcapping", None))
+    return tuple(float(c) if isinstance(c, (int, float)) and c else None for c in caps)  # type: ignore[return-value]
+
+
+def rope_bases(config: Any, n_layers: int) -> tuple[float, ...] | None:
+    """Each layer's rotary base (rope_theta) from the config: rope_parameters by layer type (Gemma 3's
+    {"sliding_attention": {...}, "full_attention": {...}} with layer_types), one rope_parameters / rope_theta for all
+    layers otherwise; None where the config names none."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, Mapping) and params and all(isinstance(v, Mapping) for v in params.values()):
+        types = getattr(config, "layer_types", None)
+        if not isinstance(types, Sequence) or len(types) < n_layers:
+            return None
+        thetas = [(params.get(t) or {}).get("rope_theta") for t in types[:n_layers]]
+        return tuple(float(t) for t in thetas) if all(isinstance(t, (int, float)) for t in thetas) else None
+    theta = params.get("rope_theta") if isinstance(params, Mapping) else None
+    theta = theta if theta is not None else getattr(config, "rope_theta", None)
+    return (float(theta),) * n_layers if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
+
+
+def _layers(ls: list[int]) -> str:
+    return ("layer " if len(ls) == 1 else "layers ") + ", ".join(map(str, ls))
+
+
+def rope_words(bases: Sequence[float] | None, windowed: Iterable[int] = ()) -> str:
+    """'rotary base 10000 on layers 0, 1, 2 and 1e+06 on layer 3' where the layers' bases differ, else ''; where one
+    base is on exactly the sliding-window layers (`windowed`) and another on the rest: 'rotary base 10000 on the
+    sliding-window layers and 1e+06 on the global ones' (Gemma 3's 26 layers need no list)."""
+    if not bases or len(set(bases)) < 2:
+        return ""
+    by: dict[float, list[int]] = {}
+    for layer, base in enumerate(bases):
+        by.setdefault(float(base), []).append(layer)
+    local = set(windowed)
+    if len(by) == 2 and local and any(set(ls) == local for ls in by.values()):
+        (a, la), (b, _) = sorted(by.items(), key=lambda kv: set(kv[1]) != local)
+        return f"rotary base {a:g} on the sliding-window layers and {b:g} on the global ones"
+    parts = [f"{base:g} on {_layers(ls)}" for base, ls in by.items()]
+    return "rotary base " + ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def cap_words(final: Any, attention: Any) -> list[str]:
+    """['attention scores soft-capped: 3 tanh(score / 3)', 'final logits soft-capped: 5 tanh(logit / 5)'], those the
+    model has."""
+    words = []
+    if isinstance(attention, (int, float)) and attention:
+        words.append(f"attention scores soft-capped: {attention:g} tanh(score / {attention:g})")
+    if isinstance(final, (int, float)) and final:
+        words.append(f"final logits soft-capped: {final:g} tanh(logit / {final:g})")
+    return words
+
+
+def header_words(model: Mapping[str, Any]) -> list[str]:
+    """The report header's phrases for the soft-caps and differing rotary bases, from the manifest's facts."""
+    windowed = [int(k) for k in (model.get("attention_windows") or {})]
+    return cap_words(model.get("final_softcap"), model.get("attn_softcap")) + (
+        [w] if (w := rope_words(model.get("rope_bases"), windowed)) else [])
+
+
+def repr_words(facts: Any, windowed: Iterable[int] = ()) -> str:
+    """print(model)'s fields for the same facts, each with ', ' after: 'embed_scale=8, attention_scale=0.204124 (not
+    1/sqrt(16)), rope_theta=(10000 on the sliding-window layers; 1e+06 on the global ones), final_logit_softcap=5, '."""
+    out = ""
+    if facts.embed_scale != 1.0:
+        out += f"embed_scale={facts.embed_scale:g}, "
+    if facts.attention_scale is not None:
+        width = (facts.mla or {}).get("d_head_qk") or facts.d_head
+        out += f"attention_scale={facts.attention_scale:.6g} (not 1/sqrt({width})), "
+    if words := rope_words(facts.rope_bases, windowed):
+        out += "rope_theta=(" + words.removeprefix("rotary base ").replace(" and ", "; ") + "), "
+    if facts.attn_softcap:
+        out += f"attn_softcap={facts.attn_softcap:g}, "
+    if facts.final_softcap:
+        out += f"final_logit_softcap={facts.final_softcap:g}, "
+    return out
+
+
+SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+def norms_before_and_after(bridge: Any) -> bool:
+    """Whether every block norms both the input and the output of its attention and of its MLP (Gemma 2/3's four norms
+    per block, by their Hugging Face names; Llama's post_attention_layernorm alone is its pre-MLP norm)."""
+    from headscope.models.hooked_model import raw_module  # it imports this module
+
+    blocks = list(getattr(bridge, "blocks", None) or [])
+    return bool(blocks) and all(all(isinstance(getattr(raw_module(b), n, None), torch.nn.Module) for n in SANDWICH)
+                                for b in blocks)
+
+
+def tl_config_fields(facts: Any, windows: Sequence[int | None], embed_inside: float) -> dict[str, Any]:
+    """TransformerLens config fields as its HookedTransformer configs give them for this model (Gemma 2/3's:
+    attn_scale the scores' divisor sqrt(query_pre_attn_scalar), use_qk_norm, window_size, use_local_attn, attn_types
+    "local"/"global" per layer, rotary_base the global layers' base and rotary_base_local the sliding ones' where
+    they differ, scale_embedding where the embedding is x sqrt(d_model)); only fields the facts decide."""
+    out: dict[str, Any] = {}
+    if facts.attention_scale is not None:
+        out.update(use_attn_scale=True, attn_scale=1.0 / facts.attention_scale)
+    if facts.qk_norm:
+        out["use_qk_norm"] = True
+    sizes = {w for w in windows if w is not None}
+    if len(sizes) == 1:
+        out.update(window_size=sizes.pop(), use_local_attn=True,
+                   attn_types=["global" if w is None else "local" for w in windows])
+    if facts.positional == "rotary" and facts.rope_bases:
+        local = [b for b, w in zip(facts.rope_bases, windows) if w is not None]
+        full = [b for b, w in zip(facts.rope_bases, windows) if w is None] or local
+        integral = lambda b: int(b) if float(b).is_integer() else b  # noqa: E731  TransformerLens keeps an int
+        out["rotary_base"] = integral(full[0])
+        if local and set(local) != set(full):
+            out["rotary_base_local"] = integral(local[0])
+    if embed_inside != 1.0 and math.isclose(embed_inside, facts.d_model ** 0.5, rel_tol=2 ** -8):  # bfloat16's step
+        out["scale_embedding"] = True
+    return out
