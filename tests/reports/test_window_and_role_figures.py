@@ -3,9 +3,13 @@ sliding window hatched (not drawn as 0 attention), role scores no head passes ca
 "1 random order" where there is one, an evenly wrapped l0 title, and which queries a windowed sink head averages over."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import pytest
+import torch
 
 
 def _data(n_tokens, windows=None, positions=None, scores=None, is_encoder=False):
@@ -147,3 +151,51 @@ def test_l0_title_is_wrapped_evenly_with_no_lone_word():
         assert len(lines) > 1 and min(map(len, lines)) >= max(map(len, lines)) / 2, lines
     finally:
         plt.close("all")
+
+
+def _windowed_model(n_layers=2, window=8, types=("sliding_attention", "full_attention")):
+    """What roles.sink_uniform reads of a model: its facts and its Hugging Face config's windows (Gemma 2's layout)."""
+    config = SimpleNamespace(sliding_window=window, layer_types=list(types))
+    return SimpleNamespace(facts=SimpleNamespace(n_layers=n_layers, is_encoder=False),
+                           bridge=SimpleNamespace(original_model=SimpleNamespace(config=config)))
+
+
+def test_sink_uniform_is_the_mean_of_one_over_the_keys_seen_over_the_sink_queries():
+    """By hand: a uniform head puts 1/(r + 1) on the first token at r positions after it. Layer 0 slides over 8 keys, so
+    its sink averages over r = 1..7 on each row: mean(1/2 .. 1/8) = 0.2454; layer 1 (global) over r = 1..13 on a row of
+    14 and r = 1..10 on a row left-padded by 3, pooled."""
+    from headscope.analyses.heads.roles import role_windows, sink_uniform
+
+    tokens = torch.zeros(2, 14, dtype=torch.long)
+    mask = torch.ones(2, 14, dtype=torch.long)
+    mask[1, :3] = 0
+    got = sink_uniform(_windowed_model(), tokens, mask)
+    local = np.mean([1 / (r + 1) for r in range(1, 8)])
+    glob = np.mean([1 / (r + 1) for r in range(1, 14)] + [1 / (r + 1) for r in range(1, 11)])
+    assert got == pytest.approx([local, glob], abs=1e-6) and local == pytest.approx(0.2454, abs=1e-4)
+    roles = pd.DataFrame({"layer": [0, 1], "head": [0, 0], "window": [8.0, float("nan")], "induction": [0.0, 0.0],
+                          "induction_length": 4, "induction_cut": True, "longest_prompt": 14})
+    assert role_windows(roles, got)["role_windows"]["sink_uniform"] == {"0": round(local, 4), "1": round(glob, 4)}
+
+
+def test_sink_heads_on_sliding_window_layers_say_which_queries_and_the_uniform_share():
+    """Review 18v B1b (neo_f32): 6 of the 7 sink heads are on layers 1 and 3 (window 8), whose sink averages over
+    queries 1-7 only; uniform there 0.2454 against 0.1200 on the global layers, so the 0.5 threshold is 0.5 / 0.2454
+    = 2.0x uniform there and 0.5 / 0.12 = 4.2x on the global layers."""
+    from headscope.reports.heads_words import finding
+
+    sinks = ["L1H1", "L1H2", "L1H3", "L1H4", "L2H1", "L3H1", "L3H5"]
+    windows = {"windows": {"1": 8, "3": 8}, "induction_length": 4, "induction_unmeasurable": [], "induction_cut": True,
+               "longest_prompt": 36, "sink_uniform": {"0": 0.12, "1": 0.2454, "2": 0.12, "3": 0.2454}}
+    summary = {"n_layers": 4, "roles": {"sink": sinks}, "role_windows": windows}
+    words = finding(summary)
+    assert ("6 of the 7 sink heads (L1H1, L1H2, L1H3, ...) are on sliding-window layers 1 and 3 (a window of 8), "
+            "where that average covers only queries 1-7 after the first token, those whose window holds it: a uniform "
+            "head puts 0.245 of its attention there, against 0.12 on the global layers, so the one threshold (0.5) is "
+            "2.0x uniform there and 4.2x on the global layers.") in words
+    older = {**summary, "role_windows": {k: v for k, v in windows.items() if k != "sink_uniform"}}
+    assert "covers only queries 1-7 after the first token, those whose window holds it." in finding(older)
+    wide = {**summary, "role_windows": {**windows, "longest_prompt": 8}}  # a window as long as every prompt hides nothing
+    assert "sliding-window" not in finding(wide)
+    global_only = {**summary, "roles": {"sink": ["L2H1"]}}
+    assert "sliding-window layers" not in finding(global_only)
