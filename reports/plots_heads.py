@@ -672,8 +672,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
           "of those examples. l0.csv also gives each point's change on the training examples (in-sample, "
           "flattering); the finding's point (the fewest heads within tolerance) is chosen on those training examples "
           "and reported with its held-out change.",
-    "roles": "Role scores per head (0-1; induction -1 to 1): positional share, sink mass, previous-token, induction and "
-             "confidence (the mean maximum attention weight). Induction is the attention to the token after an earlier "
+    "roles": "Role scores per head (0-1), induction signed (-1 to 1): positional share, sink mass, previous-token, induction "
+             "and confidence (the mean maximum attention weight). Induction is the attention to the token after an earlier "
              "occurrence on repeated random tokens minus the same offset's attention on random tokens without a repeat (a "
              "fixed-offset head scores 0; signed, on its own blue-white-red scale centred on 0: blue, below 0, is less "
              "attention to that offset with a repeat than without); a decoder's layer-0 head is never labelled induction "
