@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.core.chance import metric_ci, t_half_width
+from headscope.analyses.heads.roles import ROLE_THRESHOLDS
 from headscope.models.hooked_model import window_words
 from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, ci_pair, ci_words, ordinal
 from headscope.reports.moe_words import blocks_subject
@@ -316,6 +317,8 @@ def _sink_words(s: Mapping[str, Any], roles: Mapping[str, Any], *, ranked: bool 
     if first and first.get("token"):
         what += f", {first['token']!r} on every prompt" + (" (a special token)" if first.get("special") else "")
     out = f" Sink heads put half or more of their attention, averaged over the queries, on {what}."
+    windows = s.get("role_windows") if isinstance(s.get("role_windows"), Mapping) else {}
+    out += _local_sink_words(sinks, windows, s.get("n_layers"))
     ranks: dict[str, list[str]] = {}
     for method, words in FINDING_METHOD_WORDS.items() if ranked else ():
         top = s.get(f"top_heads_{method}") or []
@@ -327,6 +330,52 @@ def _sink_words(s: Mapping[str, Any], roles: Mapping[str, Any], *, ranked: bool 
         out += (f" Sink heads among the top heads by importance: {named}: a sink head can also carry the task at "
                 "the answer position, so the role is not all that head does here.")
     return out
+
+
+def _local_sink_words(sinks: list[str], w: Mapping[str, Any], n_layers: Any) -> str:
+    """Review 18v B1b: where sink heads sit on sliding-window layers whose window is shorter than the longest prompt,
+    how many, which queries their average covers (1 to window - 1 after the first token) and, where the summary has
+    sink_uniform (roles.sink_uniform), what a uniform head scores there and on the global layers, so the reader sees
+    what the one threshold means on each kind of layer; '' otherwise."""
+    windows = {int(l): int(v) for l, v in (w.get("windows") or {}).items()}
+    longest = _num(w.get("longest_prompt"))
+    binding = {l: v for l, v in windows.items() if longest is None or v < longest}
+    layer_of = {h: int(h[1:].split("H")[0]) for h in sinks if h[:1] == "L" and h[1:].split("H")[0].isdigit()}
+    local = [h for h in sinks if layer_of.get(h) in binding]
+    if not local:
+        return ""
+    layers = sorted({layer_of[h] for h in local})
+    sizes = sorted({binding[l] for l in layers})
+    named = ", ".join(local[:3]) + (", ..." if len(local) > 3 else "")
+    some = f"{len(local)} of the {len(sinks)} sink heads" if len(local) < len(sinks) else (
+        "the sink head" if len(sinks) == 1 else f"all {len(sinks)} sink heads")
+    where = f"layer{'s' if len(layers) > 1 else ''} {and_join([str(l) for l in layers])}"
+    reach = " or ".join(f"1-{v - 1}" for v in sizes)
+    out = (f" {some[0].upper()}{some[1:]} ({named}) {'is' if some == 'the sink head' else 'are'} on sliding-window "
+           f"{where} (a window of {and_join([str(v) for v in sizes])}), where that average covers only queries {reach} "
+           "after the first token, those whose window holds it")
+    uniform = {int(l): float(v) for l, v in (w.get("sink_uniform") or {}).items()}
+    bar = ROLE_THRESHOLDS["sink"]
+    slid = [uniform[l] for l in layers if l in uniform]
+    if not slid:
+        return out + "."
+    glob = [v for l, v in uniform.items() if l not in windows]
+    span = _span(slid)
+    out += f": a uniform head puts {span} of its attention there"
+    if glob:
+        out += f", against {_span(glob)} on the global layers"
+    ratio = f"{bar / max(slid):.1f}x" if len(set(slid)) == 1 else f"{bar / max(slid):.1f}-{bar / min(slid):.1f}x"
+    out += f", so the one threshold ({bar:g}) is {ratio} uniform there"
+    if glob:
+        g = f"{bar / max(glob):.1f}x" if len(set(glob)) == 1 else f"{bar / max(glob):.1f}-{bar / min(glob):.1f}x"
+        out += f" and {g} on the global layers"
+    return out + "."
+
+
+def _span(values: list[float]) -> str:
+    """'0.245' or '0.19-0.25' (3 significant digits)."""
+    lo, hi = min(values), max(values)
+    return f"{lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}-{hi:.3g}"
 
 
 FINDING_METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}

@@ -11,6 +11,10 @@ is spaced from it like from the next panel. When the heads analysis
 is at chance (`quiet`, plots.quiet_reason of its summary) an importance ranking is noise: the
 heads are chosen by a pattern statistic instead (PATTERN_SCORES, the first the data has) and the
 title says so; without one the panels are muted and titled as heads chosen by noise.
+On a sliding-window layer (the data's `windows`) a key outside a query's window is hatched grey, masked and not
+zero attention, as the explorer hatches it (reviews 18a C1, 18d C1), and the title names the windows. Ranked by a
+role score (ROLE_BARS) of which no head passes the role's threshold, the title says the heads are only the highest
+scores, none a role head (review 18a B3).
 """
 from __future__ import annotations
 
@@ -21,12 +25,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from headscope.analyses.heads.roles import POSITIONAL_SHARE, ROLE_THRESHOLDS
+from headscope.models.hooked_model import visible_keys
 from headscope.reports.explorer import pattern_from_data
-from headscope.reports.plots import color_scale, label, token_label
+from headscope.reports.plots import color_scale, hatch_cells, label, token_label, wrap_to_width
 
 MAX_LABELS = 48  # tick labels per axis; longer examples label every k-th token
 # scores read from the attention patterns alone (no task metric), used instead of importance at chance
 PATTERN_SCORES = ("previous_token", "induction", "sink", "positional")
+ROLE_BARS = {**ROLE_THRESHOLDS, "positional": POSITIONAL_SHARE}  # a role score's threshold for its label (heads/roles.py)
+MASKED_WORDS = "hatched: keys outside the window (masked, not zero attention)"
 
 
 def _chosen_by(data: Mapping[str, Any], score: str | None, quiet: str | None) -> tuple[str | None, str | None]:
@@ -59,6 +67,46 @@ def top_heads(data: Mapping[str, Any], score: str | None = None, k: int = 4) -> 
     return ranked[:k]
 
 
+def masked_keys(data: Mapping[str, Any], example: int, layer: int) -> np.ndarray:
+    """[query, key] bool: the keys of `layer`'s sliding window (data's `windows`) that a query cannot see on one
+    example, at each shown token's place in the prompt (`positions` of a cut example); all False on a global layer."""
+    ex = data["examples"][example]
+    n = len(ex["tokens"])
+    windows = data.get("windows") or []
+    window = windows[layer] if layer < len(windows) else None
+    if not window:
+        return np.zeros((n, n), bool)
+    pos = np.asarray(ex.get("positions") or range(n))  # [token]
+    causal = pos[None, :] <= pos[:, None]  # [q, k]
+    return causal & ~visible_keys(pos[:, None], pos[None, :], int(window)).numpy()
+
+
+def window_line(data: Mapping[str, Any], layers: list[int]) -> str:
+    """'layers 0, 1 slide over 12 keys; hatched: keys outside the window (masked, not zero attention)' for the
+    shown `layers` that slide (data's `windows`); '' when none does."""
+    windows = data.get("windows") or []
+    by_size: dict[int, list[int]] = {}
+    for layer in sorted(set(layers)):
+        if layer < len(windows) and windows[layer]:
+            by_size.setdefault(int(windows[layer]), []).append(layer)
+    said = [f"layer{'s' if len(ls) > 1 else ''} {', '.join(map(str, ls))} slide{'' if len(ls) > 1 else 's'} over {w} keys"
+            for w, ls in sorted(by_size.items())]
+    return "; ".join(said) + f"; {MASKED_WORDS}" if said else ""
+
+
+def role_bar_words(data: Mapping[str, Any], name: str | None) -> str:
+    """'none passes the role threshold 0.5' where `name` is a role score (ROLE_BARS) no head reaches (induction: no
+    head but a decoder's layer 0, which is never labelled), else ''."""
+    bar = ROLE_BARS.get(str(name))
+    grid = (data.get("scores") or {}).get(name)
+    if bar is None or grid is None:
+        return ""
+    skip = 1 if name == "induction" and not data.get("is_encoder") else 0
+    passing = [v for layer, row in enumerate(grid) if layer >= skip for v in row
+               if isinstance(v, (int, float)) and np.isfinite(v) and v >= bar]
+    return "" if passing else f"none passes the role threshold {bar:g}"
+
+
 def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: int = 4, example: int = 0,
                      quiet: str | None = None) -> Figure | None:
     """One panel per top head: its attention pattern (query row x key column) on one example; None without data.
@@ -85,22 +133,34 @@ def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: in
     image = None
     for ax, (layer, head, value) in zip(panels, heads):
         pattern = np.array(pattern_from_data(data, example, layer, head))  # [query, key]
-        image = ax.imshow(pattern, vmin=scale["vmin"], vmax=scale["vmax"], cmap=scale["cmap"], interpolation="nearest")
+        masked = masked_keys(data, example, layer)  # [query, key] outside the window: hatched, not drawn as 0
+        n = len(tokens)  # cells span [k, k + 1] x [q, q + 1], as in a seaborn map (plots.hatch_cells)
+        image = ax.imshow(np.ma.masked_array(pattern, masked), vmin=scale["vmin"], vmax=scale["vmax"],
+                          cmap=scale["cmap"], interpolation="nearest", extent=(0, n, n, 0))
+        hatch_cells(ax, masked)
         ax.grid(False)  # the report's whitegrid style would draw lines across the cells
-        ax.set_xticks(ticks, [tokens[i] for i in ticks], rotation=90)
-        ax.set_yticks(ticks, [tokens[i] for i in ticks])
+        ax.set_xticks([i + 0.5 for i in ticks], [tokens[i] for i in ticks], rotation=90)
+        ax.set_yticks([i + 0.5 for i in ticks], [tokens[i] for i in ticks])
         ax.tick_params(labelsize=max(4, min(8, 200 / len(ticks))), length=0)
         ax.set_title(f"L{layer}H{head} ({label(name)} {value:.3g})", fontsize="small")
         ax.set_xlabel("key (attended to)")
         ax.set_ylabel("query" if ax is panels[0] else "")
-    if why:
-        title = f"top {len(heads)} heads by {name} (a pattern statistic: {why}): attention on example {example + 1}"
-    elif noise:
+    none = role_bar_words(data, name)  # review 18a B3: the highest scores of a role no head has are no role heads
+    top = f"the {len(heads)} largest {name} scores" if none else f"top {len(heads)} heads by {name}"
+    notes = "; ".join(x for x in (f"a pattern statistic: {why}" if why else "", none) if x)
+    if noise:
         title = (f"{len(heads)} heads chosen by noise ({name} at chance), not the most important: attention on "
                  f"example {example + 1}\n{quiet}")
     else:
-        title = f"top {len(heads)} heads by {name}: attention on example {example + 1}"
+        title = f"{top}{f' ({notes})' if notes else ''}: attention on example {example + 1}"
+    slid = window_line(data, [layer for layer, _, _ in heads]) if any(
+        masked_keys(data, example, layer).any() for layer, _, _ in heads) else ""
+    title += f"\n{slid}" if slid else ""
     fig.suptitle(title, fontsize="medium")
+    renderer, props = fig.canvas.get_renderer(), fig._suptitle.get_fontproperties()
+    fig._suptitle.set_text("\n".join(  # each line no wider than the figure (a long line would be clipped at its edges)
+        part for line in title.split("\n") for part in wrap_to_width(
+            line, lambda t: renderer.get_text_width_height_descent(t, props, ismath=False)[0], 0.98 * fig.bbox.width)))
     fig.colorbar(image, cax=bar, label="attention weight (0-1)")
     bar.set_label("<colorbar>")  # what matplotlib names the colour bars it makes itself
     return fig
@@ -108,5 +168,7 @@ def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: in
 
 CAPTIONS = {  # what to read from the figure and its units, by figure stem
     "top_attention": "The top heads' attention patterns on one example: row = query token, column = key token, "
-                     "colour = attention weight (0-1).",
+                     "colour = attention weight (0-1). On a sliding-window layer a hatched grey cell is a key outside "
+                     "the query's window (masked, not zero attention). Heads ranked by a role score that no head "
+                     "reaches the role's threshold for are only the highest scores, not role heads; the title says so.",
 }

@@ -34,6 +34,7 @@ from headscope.reports.plots import (
     mute_drawn,
     quiet_reason,
     symmetric_bound,
+    wrap_to_width,
 )
 
 ROLE_SCORES = ("positional", "sink", "previous_token", "induction", "confidence")
@@ -159,8 +160,11 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
             group = group.sort_values("fraction_pruned")
             ax.fill_between(group["fraction_pruned"], group["ci_low"], group["ci_high"], color=palette[level],
                             alpha=0.12, linewidth=0)
-    band = ";\nshaded: 95% CI of the change from unpruned,\npaired over examples)"
-    title = "iterative head pruning (random: range over seeds" + (band if banded else ")")
+    seeds = curve.loc[curve["ordering"] == "random", "seed"].nunique() if "seed" in curve.columns else None
+    # review 18d C3: where the budget cut the random orders to 1 there is no range to speak of
+    spread = {0: "", 1: "1 random order, no range"}.get(seeds, "random: range over seeds")
+    said = [x for x in (spread, "shaded: 95% CI of the change from unpruned,\npaired over examples" if banded else "") if x]
+    title = "iterative head pruning" + (" (" + ";\n".join(said) + ")" if said else "")
     return _finish(ax, metric, baseline, "fraction of heads pruned", title, tolerance)
 
 
@@ -474,16 +478,45 @@ def _stack_labels(ax: Any, labels: list[Any]) -> None:
 
 
 def _l0_sample(sweep: pd.DataFrame, n: int | None) -> str:
-    """The L0 title's sample: " on 8 held-out examples\n(gates fitted on 8 others; bars: 95% CI)", or in-sample with
-    its reason where the table gives one (#34 item 2), "" without n."""
+    """The L0 title's sample: " on 8 held-out examples (gates fitted on 8 others; bars: 95% CI)" (one line, which
+    even_title wraps evenly), or in-sample with its reason where the table gives one (#34 item 2), "" without n."""
     if n is None:
         return ""
     split = str(sweep["split"].iloc[0]) if "split" in sweep.columns else "in_sample"
     if split == "held_out":
-        return f" on {n} held-out examples\n(gates fitted on {int(sweep['n_train'].iloc[0])} others; bars: 95% CI)"
+        return f" on {n} held-out examples (gates fitted on {int(sweep['n_train'].iloc[0])} others; bars: 95% CI)"
     why = str(sweep["in_sample_reason"].iloc[0]) if "in_sample_reason" in sweep.columns else ""
     why = why if why and why != "nan" else ""
     return f" (bars: 95% CI over {n} examples, in-sample" + (f":\n{why})" if why else ")")
+
+
+def even_title(ax: Any, room: float = 1.0) -> bool:
+    """Review 18v C2 (l0.png: "examples" and "CI)" alone on their lines): each line of `ax`'s title wider than `room` of
+    the axes, at the figure's layout, wrapped into as few lines as plots.wrap_to_width needs, of even length and
+    never at a hyphen ("held-out"); plots.fit_title, run again on the report's figures, then finds every line within
+    the axes. Returns whether the title changed."""
+    fig, title = ax.figure, ax.title
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    width = room * ax.get_window_extent(renderer).width
+
+    def wide(line: str) -> float:
+        return renderer.get_text_width_height_descent(line, title.get_fontproperties(), ismath=False)[0]
+
+    def even(line: str) -> list[str]:
+        parts = wrap_to_width(line, wide, width, break_on_hyphens=False)
+        for chars in range(-(-len(line) // len(parts)), len(line) + 1):  # the shortest lines that keep that many
+            lines = textwrap.wrap(line, chars, break_on_hyphens=False, break_long_words=False)
+            if len(lines) <= len(parts) and max(map(wide, lines)) <= width:
+                return lines
+        return parts
+
+    text = "\n".join(part for line in title.get_text().split("\n") for part in even(line))
+    if text == title.get_text():
+        return False
+    title.set_text(text)
+    fig.tight_layout()
+    return True
 
 
 def _scored_baseline(sweep: pd.DataFrame, baseline: float | None) -> float | None:
@@ -499,20 +532,26 @@ LABEL_INCHES = 0.17  # height a tick label needs
 
 def plot_roles(data: pd.DataFrame, *, ax: Any = None) -> Any:
     """Heat map head x role score (`data`: the roles table; positional share, sink, previous-token,
-    induction, confidence = mean maximum attention weight) on the sequential map from 0 (plots.color_scale).
+    induction, confidence = mean maximum attention weight) on the sequential map from 0 (plots.color_scale), but
+    induction, the signed excess over its control, on the diverging map from -1 to 1 with a colour bar of its own.
     A new figure is sized by the number of heads (ROW_INCHES a row, plus room for the role labels),
     capped at 40 inches; past that every k-th head is labelled, so labels never overlap."""
     rows = len(data)
-    ax = axes(ax, (6, min(40.0, max(3.0, ROW_INCHES * rows + 2.5))))
+    two_bars = "induction" in data.columns
+    ax = axes(ax, (7 if two_bars else 6, min(40.0, max(3.0, ROW_INCHES * rows + 2.5))))
     grid = data.assign(name=[f"L{l}H{h}" for l, h in zip(data["layer"], data["head"])]).set_index("name")
     scores = [c for c in ROLE_SCORES if c in grid.columns]
     shown = grid[scores].rename(columns=lambda c: {"confidence": "confidence\n(max weight)"}.get(c, c.replace("_", "-")))
-    if "induction" in shown:  # its excess over the no-repeat control (roles.py): below 0 is no induction, drawn as 0
-        shown["induction"] = shown["induction"].clip(lower=0.0)
     height = 0.75 * ax.get_position().height * ax.figure.get_figheight()  # inches the rows keep after tight_layout
     every = max(1, math.ceil(rows * LABEL_INCHES / max(height, 0.1)))  # label every k-th head when they would overlap
-    sns.heatmap(shown, ax=ax, **color_scale(bound=1.0, is_signed=False), cbar_kws={"label": "role score (0-1)"},
-                yticklabels=every)
+    signed = (shown.columns == "induction")[None, :].repeat(rows, 0)  # [heads, roles] the one signed column
+    # the induction bar, drawn second, takes its room from the map's side of the first bar: the first bar's pad leaves
+    # room for the second's ticks and label
+    sns.heatmap(shown, mask=signed, ax=ax, **color_scale(bound=1.0, is_signed=False),
+                cbar_kws={"label": "role score (0-1)", "pad": 0.1 if signed.any() else 0.05}, yticklabels=every)
+    if signed.any():  # review 18a C2: induction is an excess over its control, -1 to 1: diverging, centred on 0
+        sns.heatmap(shown, mask=~signed, ax=ax, **color_scale(bound=1.0, is_signed=True),
+                    cbar_kws={"label": "induction: repeat - control\n(-1 to 1)", "pad": 0.04}, yticklabels=every)
     ax.tick_params(axis="y", rotation=0)
     ax.set_ylabel("head (L layer H head)")
     ax.set_xlabel("role")
@@ -583,6 +622,8 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
             for other in ax.figure.axes[1:]:  # the pruning curve's zoom beside the whole curve: muted too
                 mute_drawn(other, quiet, say=False)
             out[stem] = laid_out(ax)
+            if stem == "l0":
+                even_title(ax)
     return out
 
 
@@ -606,7 +647,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "Read where each falls below the dotted black floor, 1% below unpruned (the grey dashed line; for an "
                      "answer log-probability, whose 0 is its ceiling, 1% of the span from chance to unpruned); the rule "
                      "is one-sided: a point at or above the floor counts however far above unpruned, and the region below "
-                     "the floor is shaded grey. The random band spans the seeds. Left, the whole curve; right, the same "
+                     "the floor is shaded grey. The random band spans the seeds (the title says when there is one random "
+                     "order: no band). Left, the whole curve; right, the same "
                      "curves zoomed on the unpruned value ± 5 times that band (up to the metric's maximum: 1 for a cosine, "
                      "0 for a log-probability), "
                      "where the floor (the threshold behind the finding's count) stays visible however far the curve "
@@ -630,10 +672,11 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
           "of those examples. l0.csv also gives each point's change on the training examples (in-sample, "
           "flattering); the finding's point (the fewest heads within tolerance) is chosen on those training examples "
           "and reported with its held-out change.",
-    "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
-             "(the mean maximum attention weight). Induction is the attention to the token after an earlier occurrence "
-             "on repeated random tokens minus the same offset's attention on random tokens without a repeat (a "
-             "fixed-offset head scores 0; below 0 is drawn as 0); a decoder's layer-0 head is never labelled induction "
+    "roles": "Role scores per head (0-1), induction signed (-1 to 1): positional share, sink mass, previous-token, induction "
+             "and confidence (the mean maximum attention weight). Induction is the attention to the token after an earlier "
+             "occurrence on repeated random tokens minus the same offset's attention on random tokens without a repeat (a "
+             "fixed-offset head scores 0; signed, on its own blue-white-red scale centred on 0: blue, below 0, is less "
+             "attention to that offset with a repeat than without); a decoder's layer-0 head is never labelled induction "
              "(no earlier layer to compose with). On sliding-window layers sink averages over the queries that can "
              "see the first token, a hatched grey cell is a score the window makes unmeasurable, and confidence and "
              "positional share are over the window's keys only, so they compare within layers of one kind.",

@@ -30,7 +30,8 @@ rounding_floor_<method> with rounding_floor_source ({method: "measured" or "anal
 floor each method's checks use, for ablation measured by null ablations (rounding.py) / degenerate_<method> /
 tied_top_heads_<method> with tied_top_groups_<method> (`numerical_checks`: importance that is rounding at the model's
 dtype, or top heads that tie, is said so and not ranked) / tied_first_pruned_moves_<method> (`tie_reach`: whether
-a tie at the start of a pruning order can move its count); role_windows on a sliding-window model (roles.role_windows);
+a tie at the start of a pruning order can move its count); role_windows on a sliding-window model (roles.role_windows;
+its sink_uniform: each layer's sink score of a uniform head, roles.sink_uniform);
 sink_token: every prompt's first token where they share one (roles.sink_token), what the sink role attends to;
 positions: "alibi" on an ALiBi model (absent otherwise), whose fixed slopes set part of a head's positional role.
 redundant_layers (pruning.layer_redundancy, with the best head table): the layers whose joint removal
@@ -81,7 +82,7 @@ from headscope.analyses.heads.pruning import (
     pruning_curves,
     tolerance_record,
 )
-from headscope.analyses.heads.roles import head_roles, role_windows, sink_token
+from headscope.analyses.heads.roles import head_roles, role_windows, sink_token, sink_uniform
 from headscope.errors import ConfigError, InputTypeError
 
 IMPORTANCE_METHODS = ("gradient", *ABLATIONS)
@@ -320,7 +321,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]
         for role in sorted(set(roles["role"]) - {"other"})
     }
-    summary.update(role_windows(roles))
+    summary.update(role_windows(roles, sink_uniform(model, scorer.tokens, scorer.attention_mask)))
     summary["sink_token"] = sink_token(model, scorer.tokens, scorer.attention_mask)  # what "first token" is here
     if model.facts.positional == "alibi":  # each head's fixed slope biases it towards near keys (the roles caption)
         summary["positions"] = "alibi"

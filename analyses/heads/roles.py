@@ -211,10 +211,27 @@ def sink_token(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None 
     return {"token": str(text), "special": i in set(getattr(tok, "all_special_ids", None) or ())}
 
 
-def role_windows(roles: pd.DataFrame) -> dict:
+def sink_uniform(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[float]:
+    """[layer] the sink score of a head that attends uniformly over the keys it sees, on these prompts: the mean of
+    1 / (q - first + 1) over the queries pattern_scores averages the sink over (review 18v B1b). A sliding-window
+    layer counts only the queries within window - 1 of the first token, so its share is larger: 0.245 = mean of
+    1/(q + 1), q = 1..7, for a window of 8 on prompts of 8 tokens or more."""
+    w = _query_weights(model, tokens, attention_mask)  # [b, q]
+    q_idx = torch.arange(tokens.shape[1])
+    first = first_real_positions(attention_mask, tokens.shape[0])  # [b]
+    share = 1.0 / (q_idx[None, :] - first[:, None] + 1).clamp_min(1).float()  # [b, q] a uniform head's weight on it
+    out = []
+    for win in layer_windows(model):
+        sees = visible_keys(q_idx[None, :], first[:, None], win).float() * w if win else w  # [b, q]
+        out.append(float((share * sees).sum() / sees.sum().clamp_min(1.0)))
+    return out
+
+
+def role_windows(roles: pd.DataFrame, uniform: list[float] | None = None) -> dict:
     """{"role_windows": ...} for the summary when a layer slides (else {}): each windowed layer's
     window, the induction probe's repeat length, whether the windows cut it (induction_cut), the layers it
-    cannot be measured on, and the longest prompt (a window at least that long changes no sink score)."""
+    cannot be measured on, the longest prompt (a window at least that long changes no sink score) and, given
+    `uniform` (sink_uniform), each layer's sink score of a uniform head (sink_uniform, {layer: share})."""
     windowed = roles.dropna(subset=["window"]).drop_duplicates("layer")
     if windowed.empty:
         return {}
@@ -223,4 +240,6 @@ def role_windows(roles: pd.DataFrame) -> dict:
                              "induction_length": int(roles["induction_length"].iloc[0]),
                              "induction_unmeasurable": blind,
                              "induction_cut": bool(roles["induction_cut"].iloc[0]),
-                             "longest_prompt": int(roles["longest_prompt"].iloc[0])}}
+                             "longest_prompt": int(roles["longest_prompt"].iloc[0]),
+                             **({"sink_uniform": {str(l): round(v, 4) for l, v in enumerate(uniform)}}
+                                if uniform is not None else {})}}
