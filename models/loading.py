@@ -30,7 +30,7 @@ from headscope.errors import (
     OfflineModelError,
     TokenizationWarning,
 )
-from headscope.models import falcon_qkv, state_space, threads
+from headscope.models import falcon_qkv, qkv_sites, state_space, threads
 from headscope.models.conversion_check import check_conversion
 from headscope.models.hooked_model import HookedModel, facts_from_bridge
 from headscope.models.token_text import round_trip_problem
@@ -229,6 +229,7 @@ def load_model(
     state_space.refuse_state_space(getattr(bridge.original_model, "config", hf_config), name,
                                    model=bridge.original_model)  # SSM parameters a config does not name
     _route_renamed_cache_kwarg(bridge)
+    qkv_sites.qkv_as_attention_uses(bridge)  # review 18c A1: hook_q/k/v after a whole-projection norm and clip_qkv
     _rotary_back_to_compute_dtype(bridge)
     _native_norms_in_half_precision(bridge)
     if tokenizer is None:
