@@ -16,6 +16,7 @@ tensors that enter RoPE and attention, Hugging Face's values. TransformerLens's 
 """
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
@@ -30,7 +31,8 @@ def clip_qkv(bridge_or_attn: Any) -> float | None:
 
 def qkv_as_attention_uses(bridge: Any) -> list[int]:
     """Install the reordering (module doc) on every attention bridge with a whole-projection q/k norm or a clip_qkv;
-    returns the layers it changed."""
+    returns the layers it changed. Methods bound to the instances (not torch hooks, which would count as attached
+    hooks and turn the hook-free passes off; a deep copy rebinds them to the copy)."""
     changed = []
     for layer, block in enumerate(getattr(bridge, "blocks", [])):
         attn = getattr(block, "attn", None)
@@ -40,48 +42,54 @@ def qkv_as_attention_uses(bridge: Any) -> list[int]:
         clip = clip_qkv(attn)
         if not whole and clip is None:
             continue
-        skip: set[int] = set()  # ids of the norm bridges whose norm already ran in this call's q/k projection
-        attn.register_forward_pre_hook(lambda module, args, _skip=skip: _skip.clear())  # none left from another call
+        # a bridge component hands unknown attribute writes to the module it wraps: object.__setattr__ keeps them here
+        object.__setattr__(attn, "_hs_normed", set())  # names of the norms already run in this call's projections
         for kind in ("q", "k", "v"):
             linear = getattr(attn, kind, None)
             if linear is None or not hasattr(linear, "hook_out"):
                 continue
-            norm = getattr(attn, f"{kind}_norm", None) if whole and kind != "v" else None
-            normed_hook = getattr(attn, f"hook_{kind}_normed", None) if norm is not None else None
-            # object.__setattr__: a bridge component hands unknown attribute writes to the module it wraps
-            object.__setattr__(linear, "forward", _forward(linear, norm, normed_hook, clip, skip))
+            object.__setattr__(linear, "_hs_attn", attn)
+            object.__setattr__(linear, "_hs_norm", f"{kind}_norm" if whole and kind != "v" else None)
+            object.__setattr__(linear, "_hs_clip", clip)
+            object.__setattr__(linear, "forward", types.MethodType(_projection_forward, linear))
+        object.__setattr__(attn, "forward", types.MethodType(_attention_forward, attn))
         if whole:
-            plain = attn._apply_pre_reshape_qk_norm
-
-            def apply(tensor, norm_module, hook, head_dim, _plain=plain, _skip=skip):
-                if id(norm_module) in _skip:  # normed (and hooked) inside the projection: [batch, pos, H * d_head]
-                    _skip.discard(id(norm_module))
-                    return tensor
-                return _plain(tensor, norm_module, hook, head_dim)
-
-            object.__setattr__(attn, "_apply_pre_reshape_qk_norm", apply)
+            object.__setattr__(attn, "_apply_pre_reshape_qk_norm", types.MethodType(_pre_reshape_norm, attn))
         changed.append(layer)
     return changed
 
 
-def _forward(linear: Any, norm: Any, normed_hook: Any, clip: float | None, skip: set[int]):
+def _attention_forward(attn: Any, *args: Any, **kwargs: Any) -> Any:
+    attn._hs_normed.clear()  # nothing left over from a projection called outside a pass
+    return type(attn).forward(attn, *args, **kwargs)
+
+
+def _pre_reshape_norm(attn: Any, tensor: torch.Tensor, norm_module: Any, hook: Any, head_dim: int) -> torch.Tensor:
+    """The bridge's whole-projection norm step: skipped where the projection ran the norm already (its hooks fired
+    there); else (the split-input path) the bridge's own."""
+    for name in ("q_norm", "k_norm"):
+        if getattr(attn, name, None) is norm_module and name in attn._hs_normed:
+            attn._hs_normed.discard(name)
+            return tensor
+    return type(attn)._apply_pre_reshape_qk_norm(tensor, norm_module, hook, head_dim)
+
+
+def _projection_forward(linear: Any, input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """LinearBridge.forward with the norm (whole projection) and the clamp between the projection and hook_out."""
-
-    def forward(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if linear._suppress_next_hook_in:
-            object.__setattr__(linear, "_suppress_next_hook_in", False)
-        else:
-            input = linear.hook_in(input)
-        output = linear.original_component(input, *args, **kwargs)  # [batch, pos, heads * d_head]
-        if norm is not None:
-            output = norm(output)
-            if normed_hook is not None:
-                output = normed_hook(output)
-            skip.add(id(norm))
-        if clip is not None:
-            output = output.clamp(min=-clip, max=clip)
-        output = linear.hook_out(output)
-        object.__setattr__(linear, "_fired_hook_out", True)
-        return output
-
-    return forward
+    if linear._suppress_next_hook_in:
+        object.__setattr__(linear, "_suppress_next_hook_in", False)
+    else:
+        input = linear.hook_in(input)
+    output = linear.original_component(input, *args, **kwargs)  # [batch, pos, heads * d_head]
+    attn = linear._hs_attn
+    if linear._hs_norm is not None:
+        output = getattr(attn, linear._hs_norm)(output)  # the norm bridge: its own hooks fire
+        normed_hook = getattr(attn, f"hook_{linear._hs_norm[0]}_normed", None)
+        if normed_hook is not None:
+            output = normed_hook(output)
+        attn._hs_normed.add(linear._hs_norm)
+    if linear._hs_clip is not None:
+        output = output.clamp(min=-linear._hs_clip, max=linear._hs_clip)
+    output = linear.hook_out(output)
+    object.__setattr__(linear, "_fired_hook_out", True)
+    return output

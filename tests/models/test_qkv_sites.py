@@ -101,3 +101,48 @@ def test_permutation_rebuilds_z_from_the_clamped_values(olmoe):
         z = permuted_z(rows, v, identity)  # [batch, 1, head, d_head]
         want, _ = _hf_qkv(hf, tokens, layer)
         torch.testing.assert_close(z.reshape(2, -1), want["z"][:, -1], atol=1e-6, rtol=0)
+
+
+def test_path_patching_into_one_head_q_is_that_head_alone(olmoe):
+    """Path patching into a receiver's q recomputes that head's query from its own copy of the residual: on OLMoE
+    the whole-projection norm and the clamp follow W_Q, so the receiver's query is norm(ln1(resid + delta) @ W_Q)
+    [head], clamped, and no other head's query moves (plain HF below: sender L0H1's write changed from the corrupted
+    run's to the clean run's, seen by receiver L1Hh's q only)."""
+    from headscope.analyses.core.tasks import Task
+    from headscope.analyses.patching.path_patching import path_patching
+
+    model, hf = olmoe
+    clean, corrupt = random_tokens(2, 6, seed=5), random_tokens(2, 6, seed=6)
+    answers, wrong = torch.tensor([10, 20]), torch.tensor([30, 40])
+    task = Task(name="toy", tokens=clean, corrupted_tokens=corrupt, answers=answers, wrong_answers=wrong)
+    res = path_patching(model, task, [(1, h) for h in range(4)], senders=[(0, 1)], component="q", per_receiver=True,
+                        direction="denoise", metric="logit_diff", progress=False)
+    a0, layer1 = hf.model.layers[0].self_attn, hf.model.layers[1]
+    z = {}
+    with torch.no_grad():
+        for name, tokens in (("clean", clean), ("corrupt", corrupt)):
+            hook = a0.o_proj.register_forward_pre_hook(lambda m, a, name=name: z.__setitem__(name, a[0].clone()))
+            hf(tokens)
+            hook.remove()
+        s = slice(1 * D_HEAD, 2 * D_HEAD)
+        delta = (z["clean"][..., s] - z["corrupt"][..., s]) @ a0.o_proj.weight[:, s].T  # [batch, pos, d_model]
+        resid = {}
+        for head in range(4):
+            pre = layer1.register_forward_pre_hook(lambda m, a, kw: resid.__setitem__("x", kw.get("hidden_states",
+                                                                                                   a[0] if a else None)),
+                                                   with_kwargs=True)
+
+            def put(m, i, o, head=head):
+                x = layer1.self_attn.q_proj(layer1.input_layernorm(resid["x"] + delta))
+                mine = layer1.self_attn.q_norm.forward(x)  # forward: not through this hook again
+                o = o.clone()
+                o[..., head * D_HEAD:(head + 1) * D_HEAD] = mine[..., head * D_HEAD:(head + 1) * D_HEAD]
+                return o
+
+            hook = layer1.self_attn.q_norm.register_forward_hook(put)
+            last = hf(corrupt).logits[:, -1]
+            hook.remove()
+            pre.remove()
+            want = (last[torch.arange(2), answers] - last[torch.arange(2), wrong]).mean().item()
+            got = res.df[res.df["receiver"] == f"L1H{head}"]["value"].item()
+            assert got == pytest.approx(want, abs=2e-5), head
