@@ -146,3 +146,46 @@ def test_path_patching_into_one_head_q_is_that_head_alone(olmoe):
             want = (last[torch.arange(2), answers] - last[torch.arange(2), wrong]).mean().item()
             got = res.df[res.df["receiver"] == f"L1H{head}"]["value"].item()
             assert got == pytest.approx(want, abs=2e-5), head
+
+
+def test_clip_qkv_is_a_fact_the_header_repr_and_sites_name(olmoe):
+    """Review 18c A5/C2: clip_qkv was named nowhere (header, repr, sites, captions)."""
+    from headscope.hooks.sites import describe_site
+    from headscope.models.attention_layout import attention_words
+    from headscope.reports.plots_patching import caption_for
+
+    model, hf = olmoe
+    assert model.facts.clip_qkv == hf.config.clip_qkv == CLIP
+    assert model.facts.qk_norm == "RMSNorm over all heads"  # q_norm's weight: 32 = 4 heads x 8
+    assert "q/k RMSNorm over all heads, q, k, v clamped to +-0.6 (clip_qkv), " in repr(model)
+    assert attention_words(None, 8, None, 0.6) == ["q, k, v clamped to +-0.6 (clip_qkv)"]
+    after = "after the q/k RMSNorm over all heads and the clamp to +-0.6 (clip_qkv): what attention uses, per head"
+    assert describe_site("q", facts=model.facts)[1] == f"queries ({after})"
+    assert describe_site("v", facts=model.facts)[1].endswith(
+        "(after the clamp to +-0.6 (clip_qkv): what attention uses, per head)")
+    assert describe_site("q")[1] == "queries"  # no model: the plain words
+    caption = caption_for("exact_q", {"normalized": True, "qkv_sites": {"q": after}})
+    assert caption.endswith(f"Site: q. The q site holds each head's tensor {after}, so a cell patches that head alone.")
+
+
+def test_kv_says_the_clamp_bounds_one_heads_key_norm(olmoe):
+    """Review 18c A5: a norm over all KV heads bounds a key's total, and the clamp caps each entry, so one head's
+    cached key has norm <= clip x sqrt(d_head) (0.6 x sqrt(8) = 1.70); the cached keys of a plain HF pass obey it,
+    and the finding's note says it."""
+    import pandas as pd
+
+    from headscope.analyses.kv.analysis import key_norm_record
+    from headscope.reports.kv_cache_words import _all_heads_note
+
+    model, hf = olmoe
+    record = key_norm_record(model, pd.DataFrame({"kind": [], "layer": [], "norm": []}))
+    assert record["per_head"] is False and record["clip_qkv"] == CLIP
+    assert record["head_bound"] == pytest.approx(CLIP * D_HEAD ** 0.5)
+    with torch.no_grad():
+        cache = hf(random_tokens(2, 9, seed=7), use_cache=True).past_key_values
+    for layer in range(2):
+        keys = cache.layers[layer].keys  # [batch, kv_head, pos, d_head]
+        assert float(keys.norm(dim=-1).max()) <= record["head_bound"] + 1e-6
+    assert _all_heads_note(record).endswith(
+        "can still show a sink. Every key entry is then clamped to +-0.6 (clip_qkv), so one head's key norm is at most "
+        "0.6 x sqrt(8) = 1.7.")
