@@ -83,7 +83,20 @@ SCORES_AS_WEIGHTS = ("on this model the attention weights after softmax, equal t
 MASKED = "masked entries hold the dtype's minimum, as Hugging Face's additive mask gives, not -inf"
 
 
-def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool = False, *,
+def qkv_words(facts, kind: str) -> str | None:
+    """Review 18c A1/C2: what stands between a layer's projection and its q/k/v site where a norm over all heads or
+    a clamp runs there (OLMo 2, OLMoE; models/qkv_sites.py moves both before the hook), e.g. 'after the q/k RMSNorm
+    over all heads and the clamp to +-2 (clip_qkv): what attention uses, per head'; None elsewhere."""
+    if kind not in ("q", "k", "v"):
+        return None
+    norm = getattr(facts, "qk_norm", None) if kind != "v" else None
+    norm = norm if isinstance(norm, str) and norm.endswith("over all heads") else None
+    clip = getattr(facts, "clip_qkv", None)
+    parts = ([f"the q/k {norm}"] if norm else []) + ([f"the clamp to +-{clip:g} (clip_qkv)"] if clip is not None else [])
+    return f"after {' and '.join(parts)}: what attention uses, per head" if parts else None
+
+
+def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool = False, facts=None, *,
                   post_norms: tuple[str, ...] | list[str] | None = None,
                   score_softcap: float | None = None) -> tuple[str, str]:
     """(shape, doc) of a site kind for the sites table; on multi-head latent attention (ModelFacts.mla) the
@@ -113,7 +126,8 @@ def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool 
         if kind in specific:
             return SITES[kind].shape, specific[kind]
     if not mla or kind not in ("q", "k", "v", "rot_q", "rot_k"):
-        return SITES[kind].shape, SITES[kind].doc
+        after = qkv_words(facts, kind) if facts is not None else None  # facts: the model's (clip_qkv, qk_norm)
+        return SITES[kind].shape, SITES[kind].doc + (f" ({after})" if after else "")
     qk, rope, v, latent = mla["d_head_qk"], mla["d_head_rope"], mla["d_head_v"], mla["kv_lora_rank"]
     return {
         "q": (f"[batch, pos, head, {qk}]", f"queries ({qk - rope} unrotated + {rope} rotary)"),

@@ -4,7 +4,8 @@ ModelFacts, the report's header and print(model):
 - partial rotary: rotary turns only the first r of each head's d_head dims (StableLM's partial_rotary_factor
   0.25, Pythia's rotary_pct, GPT-J's rotary_dim); the other dims carry no position;
 - q/k norms: a norm of q and of k before the scores (StableLM's per-head LayerNorm, Qwen3's and Gemma 3's
-  per-head RMSNorm, OLMo 2's RMSNorm over the whole q and k projections).
+  per-head RMSNorm, OLMo 2's RMSNorm over the whole q and k projections);
+- clip_qkv: OLMo / OLMoE clamp every entry of q, k and v to +-clip after the projection (and the norm).
 """
 from __future__ import annotations
 
@@ -43,12 +44,15 @@ def qk_norm(attn: torch.nn.Module, d_head: int) -> str | None:
     return f"{kind} per head" if int(weight.shape[-1]) == d_head else f"{kind} over all heads"
 
 
-def attention_words(rotary: Any, d_head: Any, norm: Any) -> list[str]:
+def attention_words(rotary: Any, d_head: Any, norm: Any, clip: Any = None) -> list[str]:
     """Header phrases: ['partial rotary (4 of each head's 16 dims turned, 12 position-free)', 'q/k LayerNorm per
-    head'], or fewer where a fact does not hold (or is not recorded: older manifests)."""
+    head', 'q, k, v clamped to +-2 (clip_qkv)'], or fewer where a fact does not hold (or is not recorded: older
+    manifests)."""
     words = []
     if isinstance(rotary, int) and isinstance(d_head, int) and 0 < rotary < d_head:
         words.append(f"partial rotary ({rotary} of each head's {d_head} dims turned, {d_head - rotary} position-free)")
     if isinstance(norm, str) and norm:
         words.append(f"q/k {norm}")
+    if isinstance(clip, (int, float)) and not isinstance(clip, bool):
+        words.append(f"q, k, v clamped to +-{clip:g} (clip_qkv)")
     return words

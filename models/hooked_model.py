@@ -102,6 +102,8 @@ class ModelFacts:
     # (StableLM's partial_rotary_factor 0.25: 4 of 16), and the q/k norm ("LayerNorm per head"), else None.
     rotary_dims: int | None = None
     qk_norm: str | None = None
+    # Review 18c A5: OLMo / OLMoE clamp q, k and v to +-clip_qkv after the projection (and q/k norm); None: no clamp.
+    clip_qkv: float | None = None
 
     @property
     def attention_layout(self) -> str:
@@ -178,7 +180,9 @@ def _attention_facts(bridge: Any, d_head: int | None, positional: str) -> dict[s
     raw = raw_module(attn)
     config = getattr(getattr(bridge, "original_model", None), "config", None)
     rotary = attention_layout.rotary_dims(raw, config, d_head) if positional == "rotary" else None
-    return {"rotary_dims": rotary, "qk_norm": attention_layout.qk_norm(raw, d_head)}
+    clip = getattr(getattr(raw, "config", None) or config, "clip_qkv", None)
+    return {"rotary_dims": rotary, "qk_norm": attention_layout.qk_norm(raw, d_head),
+            "clip_qkv": float(clip) if isinstance(clip, (int, float)) and not isinstance(clip, bool) else None}
 
 
 # HF config fields that bound a model's positions (GPT-2's n_positions, Llama's max_position_embeddings, ...)
@@ -460,7 +464,8 @@ class HookedModel(TLHabits):
     def __repr__(self) -> str:
         f = self.facts
         kind = "encoder" if f.is_encoder else "decoder"
-        attention = "".join(w + ", " for w in attention_layout.attention_words(f.rotary_dims, f.d_head, f.qk_norm))
+        attention = "".join(w + ", " for w in attention_layout.attention_words(f.rotary_dims, f.d_head, f.qk_norm,
+                                                                                 f.clip_qkv))
         return (
             f"HookedModel({f.name!r}: {f.family} {kind}, {f.n_layers} layers x {f.n_heads} heads "
             f"({f.n_kv_heads} KV), {attention}d_model={f.d_model}, {self._mlp_repr()}, n_ctx={f.context_words}, "

@@ -30,7 +30,7 @@ from headscope.errors import (
     OfflineModelError,
     TokenizationWarning,
 )
-from headscope.models import config_facts, falcon_qkv, threads
+from headscope.models import config_facts, falcon_qkv, qkv_sites, state_space, threads
 from headscope.models.conversion_check import check_conversion
 from headscope.models.hooked_model import HookedModel, facts_from_bridge, layer_windows
 from headscope.models.token_text import round_trip_problem
@@ -192,6 +192,8 @@ def load_model(
         dtype = checkpoint_dtype(location if kind == "local" else _cached_snapshot(location))
     check_model_files(location if kind == "local" else _cached_snapshot(location), tokenizer_given=tokenizer is not None,
                       complete=kind == "local")
+    hf_config = _hf_config(location if kind == "local" else _cached_snapshot(location), trust_remote_code)
+    state_space.refuse_state_space(hf_config, name)  # review 18c A3/A4: hybrids refused in one line, before booting
     device = device if device is not None else (None if device_map else default_device())
     chosen = tokenizer is not None
     with _remote_code_refused(name, trust_remote_code):
@@ -224,7 +226,10 @@ def load_model(
                 f"or download it where there is network and pass the local directory."
             ) from err
         raise
+    state_space.refuse_state_space(getattr(bridge.original_model, "config", hf_config), name,
+                                   model=bridge.original_model)  # SSM parameters a config does not name
     _route_renamed_cache_kwarg(bridge)
+    qkv_sites.qkv_as_attention_uses(bridge)  # review 18c A1: hook_q/k/v after a whole-projection norm and clip_qkv
     _rotary_back_to_compute_dtype(bridge)
     _native_norms_in_half_precision(bridge)
     if tokenizer is None:
@@ -256,6 +261,25 @@ def _true_tl_config(model: HookedModel) -> None:
         fields["use_normalization_before_and_after"] = True
     for key, value in fields.items():
         setattr(model.bridge.cfg, key, value)
+
+
+def _hf_config(folder: str | None, trust_remote_code: bool) -> Any:
+    """The model's HF config (AutoConfig, whose properties such as Jamba's layers_block_type are computed), else
+    config.json as a dict, else None: what state_space reads before the bridge boots."""
+    import json
+
+    if folder is None or not (Path(folder) / "config.json").is_file():
+        return None
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - an unknown model_type or remote code: the raw file still says what it says
+        try:
+            config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return config if isinstance(config, dict) else None
 
 
 def _native_norms_in_half_precision(bridge: Any) -> None:

@@ -112,7 +112,17 @@ def _all_heads_note(key_norm: Mapping[str, Any]) -> str:
     name, dim = key_norm.get("module", "k_norm"), _num(key_norm.get("dim"))
     return (f" Keys are normalised over all KV heads together ({name}{f', {dim:.0f} entries' if dim else ''}) before "
             "caching: that bounds a key's norm over its heads, not one head's share of it, so the per-head ratio above "
-            "can still show a sink.")
+            "can still show a sink." + _clip_clause(key_norm))
+
+
+def _clip_clause(key_norm: Mapping[str, Any]) -> str:
+    """Review 18c A5 (OLMoE): every key entry is then clamped to +-clip_qkv, which caps one head's key norm at
+    clip x sqrt(d_head); '' without a clamp."""
+    clip, bound = _num(key_norm.get("clip_qkv")), _num(key_norm.get("head_bound"))
+    if clip is None or bound is None:
+        return ""
+    return (f" Every key entry is then clamped to +-{clip:g} (clip_qkv), so one head's key norm is at most "
+            f"{clip:g} x sqrt({round((bound / clip) ** 2)}) = {bound:.3g}.")
 
 
 def reported_norm_layers(s: Mapping[str, Any]) -> set[str]:

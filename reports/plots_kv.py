@@ -349,7 +349,11 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
         if key_norm.get("per_head", True):  # one line each: fit_title_parts wraps them, evenly, to the axes' width
             title += f"\n{who} normalised ({name}) before caching: their norms are set by its weight, not a sink signal"
         else:  # review 8 A1: a norm over all heads bounds a key's total over them, not one head's norm
-            title += f"\n{who} normalised over all KV heads together ({name}): a key's total is bounded, one head's norm is not"
+            title += (f"\n{who} normalised over all KV heads together ({name}): a key's total is bounded, one head's "
+                      f"norm only by that total")
+            if key_norm.get("clip_qkv") is not None and key_norm.get("head_bound") is not None:  # review 18c A5
+                title += (f"\nand clamped to +-{float(key_norm['clip_qkv']):g} (clip_qkv): one head's key norm "
+                          f"<= {float(key_norm['head_bound']):.3g}")
         if key_norm.get("per_head", True) and len(bounds) == 2:
             lo, hi = float(bounds[0]), max(float(bounds[1]), 1.002 * float(bounds[0]))  # a constant weight: a thin band
             if hi - lo < 0.02 * max(hi, 1e-12):  # review 16av-C2: a band this thin does not show; a wide grey line does

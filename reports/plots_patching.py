@@ -695,6 +695,10 @@ def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
     if not isinstance(summary, Mapping):
         return None
     notes = _run_notes(stem, summary) if stem.startswith("exact_") else ""
+    after = (summary.get("qkv_sites") or {}).get(stem[len("exact_"):]) if stem.startswith("exact_") else None
+    if isinstance(after, str):  # review 18c C2: OLMoE's q/k norm over all heads and clip_qkv come before the site
+        notes += (f" The {stem[len('exact_'):]} site holds each head's tensor {after}, so a cell patches that head "
+                  "alone.")
     if summary.get("normalized") or scale(summary)[0] != 1.0:
         kind = stem[len("exact_"):].replace("_", " ")
         return PREFIX_CAPTIONS["exact_"] + f"Site: {kind}." + notes if notes else None

@@ -324,6 +324,10 @@ def key_norm_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
         "layers": sorted(found), "gain": [min(k.gain[0] for k in found.values()), max(k.gain[1] for k in found.values())],
         "bounds": [min(k.bounds[0] for k in found.values()), max(k.bounds[1] for k in found.values())],
         "bias": max(k.bias for k in found.values())}
+    clip = getattr(model.facts, "clip_qkv", None)
+    if clip is not None:  # review 18c A5: every cached key entry clamped to +-clip after the norm: a head's key norm
+        record["clip_qkv"] = clip  # is at most clip x sqrt(d_head), the whole key's clip x sqrt(dim)
+        record["head_bound"] = clip * model.facts.d_head ** 0.5
     keys = norms[(norms.kind == "key") & norms.layer.isin(sorted(found))]
     if first.per_head and len(keys):
         record["measured"] = [float(keys.norm.min()), float(keys.norm.max())]

@@ -94,7 +94,7 @@ from headscope.analyses.patching.sites import (
     unpatchable,
     unreachable_cells,
 )
-from headscope.hooks.sites import site
+from headscope.hooks.sites import qkv_words, site
 from headscope.models.hooked_model import layer_windows
 
 DEFAULT_SITES = ("resid_pre", "attn_out", "mlp_out", "head_out")
@@ -302,6 +302,9 @@ def activation_patching(
     if small is not None:
         summary["gap_within_noise"] = small
         df["share_note"] = SHARE_NOTE.format(reason=small["reason"])
+    after = {kind: w for kind in ("q", "k", "v") if (w := qkv_words(model.facts, kind))}
+    if after:  # review 18c C2: the q/k/v sites hold the normed, clamped per-head tensors (models/qkv_sites.py)
+        summary["qkv_sites"] = after
     tables = {"exact": df}
     if on_token:
         tables["corrupted_token"] = aligned.table(on_token, gap, summary["at_corrupted_token"].get("orders"))

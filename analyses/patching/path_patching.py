@@ -8,7 +8,9 @@ but lets only chosen receivers see the change:
   is recomputed from its own copy of the residual, ln1(resid_pre + delta) @ W + b, while every
   other head, MLP and the receiver's other inputs read the unchanged residual. Because q is
   affine in ln1's output, this is q + (ln1(resid + delta) - ln1(resid)) @ W[head], added at
-  hook_q (hook_k / hook_v). Under grouped-query attention a k/v receiver is a KV head.
+  hook_q (hook_k / hook_v). Under grouped-query attention a k/v receiver is a KV head. Where a norm over all
+  heads or a clamp (clip_qkv) follows W (OLMo 2, OLMoE; hook_q holds its output, models/qkv_sites.py), q is not
+  affine: the receiver's q is recomputed whole, clamp(norm(ln1(resid_pre + delta) @ W + b))[head].
 - receivers = "logits": delta is added to the final residual (last hook_resid_post) only, the
   sender's direct effect on the logits.
 - post-LN blocks (OPT with do_layer_norm_before=False) are refused in one line (models.readout): there
@@ -71,6 +73,27 @@ def _weights(attn, component: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     w = {"q": attn.W_Q, "k": attn.W_K, "v": attn.W_V}[component]  # [head or kv_head, d_model, d_head]
     b = {"q": attn.b_Q, "k": attn.b_K, "v": attn.b_V}[component]
     return w.detach(), b
+
+
+def _after_projection(attn, component: str):
+    """What a layer's attention does to x @ W + b before its q/k/v hooks (models/qkv_sites.py): the norm over all
+    heads together (OLMo 2, OLMoE's q and k) and the clamp to +-clip_qkv (OLMo, OLMoE), as a function of
+    [batch, pos, head, d_head]; None where the hook holds the projection itself."""
+    from headscope.models.hooked_model import raw_module
+    from headscope.models.qkv_sites import clip_qkv
+
+    norm = getattr(attn, f"{component}_norm", None) if getattr(attn, "_qk_norm_phase", None) == "pre_reshape" else None
+    clip = clip_qkv(attn)
+    if norm is None and clip is None:
+        return None
+    norm = raw_module(norm) if norm is not None else None
+
+    def after(y: torch.Tensor) -> torch.Tensor:
+        if norm is not None:
+            y = norm(y.flatten(-2)).view(y.shape)  # one norm over heads x d_head
+        return y if clip is None else y.clamp(min=-clip, max=clip)
+
+    return after
 
 
 def _check_receivers(model, receivers, component: str) -> list[Head]:
@@ -274,9 +297,14 @@ def _path_hooks(model, runs: list[Run], recv: list[Head] | None, component: str,
             def shift(act: torch.Tensor, hook: Any, layer: int = layer, gate: torch.Tensor = gate) -> torch.Tensor:
                 x = resid[layer]  # [k * B, pos, d_model]
                 ln1 = model.bridge.blocks[layer].ln1
-                moved = ln1(x + deltas.reshape(x.shape).to(x.dtype)) - ln1(x)  # [k * B, pos, d_model]
-                w = weights[layer][0]  # [head, d_model, d_head]
-                change = torch.einsum("bpm,hmd->bphd", moved, w.to(moved.dtype))  # [k * B, pos, head, d_head]
+                moved_in = ln1(x + deltas.reshape(x.shape).to(x.dtype))  # [k * B, pos, d_model]
+                w, b = weights[layer]  # [head, d_model, d_head], [head, d_head] or None
+                after = _after_projection(model.bridge.blocks[layer].attn, component)
+                if after is None:  # q affine in ln1's output: add the change of ln1's output through W
+                    change = torch.einsum("bpm,hmd->bphd", moved_in - ln1(x), w.to(x.dtype))  # [k * B, pos, head, d_head]
+                else:  # review 18c A1: a norm over all heads or a clamp after W: the receiver's own q, recomputed whole
+                    new = torch.einsum("bpm,hmd->bphd", moved_in, w.to(x.dtype)) + (0 if b is None else b.to(x.dtype))
+                    change = after(new) - act.reshape(new.shape)  # [k * B, pos, head, d_head]
                 change = change.view(k, -1, *change.shape[1:]) * gate.to(change.dtype)[:, None, None, :, None]
                 return act + change.reshape(act.shape)
 

@@ -260,8 +260,8 @@ def _cmd_sites(args: argparse.Namespace) -> int:
     print(f"{len(names)} sites:")
     for name in names:
         kind, _ = parse_site(name)
-        shape, doc = describe_site(kind, model.facts.mla, scores_hold_weights=weights, post_norms=norms,
-                                   score_softcap=cap)
+        shape, doc = describe_site(kind, model.facts.mla, scores_hold_weights=weights, facts=model.facts,
+                                   post_norms=norms, score_softcap=cap)
         print(f"  {name:<40} {shape:<36} {doc}")
     return 0
 
