@@ -18,7 +18,6 @@ Every string from the folders is escaped; figures are inline PNG.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -38,6 +37,7 @@ from headscope.reports.compare_heads import (  # noqa: F401 (importance_figure: 
 )
 from headscope.reports.compare_measures import R_LABEL, site_not_run
 from headscope.reports.compare_notes import n_words
+from headscope.reports.compare_patching import corrupted_token_notes, path_notes
 from headscope.reports.compare_pruning import pruning_notes, pruning_section  # noqa: F401 (pruning_notes: tested)
 from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read by the tests through this module)
     NATURAL_RANGE,
@@ -53,7 +53,9 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
     _number,
     _overlay,
     chance_refusal,
+    comparison_floor,
     dtype_of,
+    dtype_step,
     idle_settings,
     precision_only,
     rounding_move,
@@ -222,26 +224,13 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
                    "the task in both runs' prompts (below the end-aligned rows)" if aligned else
                    f"; nor aligned on the differing positions: {slots}" if slots else "")
         notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared end-aligned: {differ}{instead}.")
+    # review 18d C4: the findings' position-free numbers, compared whichever prompts each run drew
+    notes += corrupted_token_notes(sums, gaps, floor, rounding) + path_notes(sums, gaps, floor, rounding)
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th><th>A vs B</th></tr>"
              + "".join(rows) + "</table>")
     if rounding is not None:  # the premise of every row's verdict, said once (review 17a C1)
         table = f"<p>{escape(rounding.premise())}</p>" + table
     return table, notes
-
-
-def comparison_floor(sums: list[Mapping[str, Any]], gaps: list) -> tuple[float, str] | None:
-    """(the larger of the two runs' rounding floors of the patching metric, in its raw units, and its words), or None
-    where neither run records one or a run reports normalised effects (review 13a A4: f32 against bf16 ranked third
-    cells of +0.022 and -0.029 answer log-probability, under bf16's 0.077, as "different sites"). A difference
-    between the runs cannot be resolved below the coarser run's rounding, so a cell under it is no site to rank."""
-    floors = [(s.get("rounding_floor") or {}).get("floor") if isinstance(s.get("rounding_floor"), Mapping) else None
-              for s in sums]
-    if any(g is None for g in gaps) or not any(_number(f) for f in floors):
-        return None
-    side = max((i for i in (0, 1) if _number(floors[i])), key=lambda i: floors[i])
-    value = float(floors[side])
-    coarser = "" if floors[0] == floors[1] else f" of the coarser run ({SIDES[side]})"
-    return value, f"under the rounding floor{coarser}, {value:.2g} {_words(sums[side].get('metric', ''))}".rstrip()
 
 
 def _under(cell: Mapping[str, Any] | None, floor: tuple[float, str] | None) -> bool:
@@ -314,12 +303,7 @@ class RoundingPair:
     def step(self, sizes: list[float], floor: tuple[float, str] | None) -> tuple[float, str]:
         """(the rounding step a difference at these sizes is judged against, its words): the larger of one step of
         the lower dtype at the largest size (2^(exponent - significand bits + 1)) and the runs' rounding floor."""
-        size = max(abs(x) for x in sizes)
-        bits = PRECISION_BITS[self.low]
-        ulp = 2.0 ** (math.floor(math.log2(size)) - bits + 1) if size > 0 else 0.0
-        if floor is not None and floor[0] >= ulp:
-            return floor[0], f"the runs' rounding floor; one {self.low} step at {size:.3g} is {ulp:.3g}"
-        return ulp, f"one {self.low} step at {size:.3g}"
+        return dtype_step(self.low, sizes, floor)
 
     def premise(self) -> str:
         return (f"A and B are one model on the same examples in two dtypes ({self.dtypes}): a difference between their "

@@ -308,7 +308,7 @@ def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", na
     notes = _layers_note(label, ra, rb, "mass", unit, "", rounding, why)
     sinks = [[layer for layer, r in rows.items() if r.get("sink")] for rows in (ra, rb)]
     words = [f"layer{'s' * (len(x) > 1)} {', '.join(map(str, sorted(x)))}" if x else "none" for x in sinks]
-    rule = f"at least {SINK_RATIO:g}x {_sink_baseline_words(sa, sb)}, its excess 95%-CI above 0"
+    rule = f"at least {SINK_RATIO:g}x {_sink_baseline_words(sa, sb)}" + _sink_test(sa, sb)
     ratio = [", ".join(f"layer {k} {beside(r['ratio'], SINK_RATIO)}x" for k, r in sorted(rows.items())
                        if _number(r.get("ratio"))) for rows in (ra, rb)]
     if words[0] == words[1]:
@@ -316,6 +316,24 @@ def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", na
     else:
         notes.append(f"{verdict_label} ({rule}): A {words[0]} ({ratio[0]}), B {words[1]} ({ratio[1]}).")
     return notes
+
+
+def _sink_test(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
+    """The interval half of the two runs' sink rule, worded by what each computed (verification 18v B3: "its excess
+    95%-CI above 0" was cited where neither run had an interval, findings.ratio_alone): the interval test where both
+    give one in every layer, the ratio alone where neither gives any, else the layers each run decided by the ratio."""
+    from headscope.reports.findings import int_ranges, ratio_alone
+
+    rows = [[r for r in s.get("sinks") or [] if isinstance(r, Mapping) and _number(r.get("layer"))] for s in (sa, sb)]
+    alone = [ratio_alone(x) for x in rows]
+    if not any(alone):
+        return ", its excess 95%-CI above 0"
+    if all(len(x) == len(r) for x, r in zip(alone, rows)):
+        return "; no interval in either run, so the ratio alone decides"
+    which = [f"layer{'s' * (len(x) > 1)} {int_ranges(sorted(x))}" for x in alone]
+    where = (f"{which[0]} in both" if alone[0] == alone[1] else
+             "; ".join(f"{side}'s {w}" for side, w, x in zip(SIDES, which, alone) if x))
+    return f", its excess 95%-CI above 0 where a run gives an interval (the ratio alone on {where})"
 
 
 def _copied_layers(rows: dict[int, Mapping[str, Any]]) -> set[int]:

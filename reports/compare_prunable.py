@@ -228,3 +228,43 @@ def precision_words(a: Run, b: Run, ordering: str, counts: list[Any]) -> tuple[s
                 "difference, not a difference in the model"), True
     return (said + f", more than {dtype_of(low)}'s rounding step of the metric ({float(floor):.2g}): the precision "
             "changes the model's computation here, not only its rounding"), False
+
+
+def point_heads_words(a: Run, b: Run, ordering: str, point: int) -> str:
+    """Where A's and B's findings both cite their curve's point at `point` heads removed by the fixed `ordering` and
+    the two orders have removed different heads by then (heads/curve.csv's `pruned`), that the two are not one point
+    read twice (review 18b C2: A's 4.005 against B's 4.437 "at 10 heads removed", while the orders parted at the 6th
+    head and by the 10th removed L3H3 in A, L0H1 in B): where the orders first part, the heads that differ by then,
+    whether either summary records those as tied within rounding, and, at two precisions (precision_only), the
+    neighbouring points where both removed the same heads against the lower precision's rounding step; "" where the
+    orders agree that far or are not recorded."""
+    from headscope.reports.findings import ordinal
+
+    orders = [first_removed(r, ordering) for r in (a, b)]
+    if not all(orders) or min(map(len, orders)) < point or set(orders[0][:point]) == set(orders[1][:point]):
+        return ""
+    start = next(i for i in range(point) if orders[0][i] != orders[1][i])
+    only = [[h for h in orders[i][:point] if h not in orders[1 - i][:point]] for i in (0, 1)]
+    differ = {*only[0], *only[1]}
+    tied = [side for side, r in zip(SIDES, (a, b))
+            if any(differ <= g for g in _tied_groups(r.summary("heads") or {}, ordering))]
+    said = (f"the two points at {point} heads removed are of different heads, not one point read twice: the fixed "
+            f"orders part at the {ordinal(start + 1)} head removed (A {orders[0][start]}, B {orders[1][start]}), and by "
+            f"{point} heads removed A has removed {and_join(only[0])} where B has removed {and_join(only[1])}")
+    if tied:
+        whose = "both heads findings record" if len(tied) == 2 else f"{tied[0]}'s heads finding records"
+        said += f", which {whose} as tied within rounding"
+    else:
+        said += ", which neither heads finding records as tied within rounding"
+    sides = precision_only(a, b)
+    means = [_fixed_means(r, ordering) for r in (a, b)]
+    if sides is None or not all(means) or not all(0 in m for m in means):
+        return said
+    low = (a, b)[sides[1]]
+    same, within = _same_heads_words(means, orders, point, (low.summary("heads") or {}).get("noise_floor"),
+                                     dtype_of(low))
+    if within:
+        same += (": where the heads agree the precision moves the curve by less than its rounding, so the gap between "
+                 "the two points goes with the heads removed")
+    return said + same
+

@@ -13,7 +13,7 @@ import pandas as pd
 
 from headscope.reports.compare_heads import metric_se
 from headscope.reports.compare_notes import n_words
-from headscope.reports.compare_prunable import interval_heads, precision_words, verdict_words
+from headscope.reports.compare_prunable import interval_heads, point_heads_words, precision_words, verdict_words
 from headscope.reports.compare_run import (
     NO_INTERVAL,
     NOT_COMPARED,
@@ -374,7 +374,12 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
                 text += f" The {verdicts.removeprefix('the ')}." if verdicts else ""
                 text += f" {rounding[0].upper()}{rounding[1:]}." if rounding else ""
         edges = [f"{side}'s {edge}" for side, edge in zip(SIDES, lines) if edge]
-        notes.append(text + ("" if not edges else " " + "; ".join(edges) + "."))
+        points = [(_deciding_point(r, ordering) or {}).get("n_pruned") if line else None for r, line in zip((a, b), lines)]
+        apart = point_heads_words(a, b, ordering, int(points[0])) if \
+            points[0] is not None and points[0] == points[1] and _number(points[0]) else ""
+        edges += [f"{apart[0].upper()}{apart[1:]}"] if apart else []  # review 18b C2: one n, two sets of heads
+        notes.append(text + ("" if not edges else " " + "; ".join(edges[:len(edges) - bool(apart)]) + "."
+                             + (f" {edges[-1]}." if apart else "")))
     return notes
 
 

@@ -202,6 +202,36 @@ def models_differ(a: Run, b: Run) -> str:
 PRECISION_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}  # significand bits: what rounds less
 
 
+def dtype_step(low: str, sizes: list[float], floor: tuple[float, str] | None) -> tuple[float, str]:
+    """(the rounding step a difference between numbers of these sizes is judged against in dtype `low`, its words):
+    the larger of one `low` step at the largest size (2^(exponent - significand bits + 1)) and the runs' rounding
+    floor (`floor`: its value first; comparison_floor)."""
+    import math
+
+    size = max(abs(x) for x in sizes)
+    ulp = 2.0 ** (math.floor(math.log2(size)) - PRECISION_BITS[low] + 1) if size > 0 else 0.0
+    if floor is not None and floor[0] >= ulp:
+        return floor[0], f"the runs' rounding floor; one {low} step at {size:.3g} is {ulp:.3g}"
+    return ulp, f"one {low} step at {size:.3g}"
+
+
+def comparison_floor(sums: list[Mapping[str, Any]], gaps: list) -> tuple[float, str] | None:
+    """(the larger of the two runs' rounding floors of the patching metric, in its raw units, and its words), or None
+    where neither run records one or a run reports normalised effects (review 13a A4: f32 against bf16 ranked third
+    cells of +0.022 and -0.029 answer log-probability, under bf16's 0.077, as "different sites"). A difference
+    between the runs cannot be resolved below the coarser run's rounding, so a cell under it is no site to rank."""
+    from headscope.reports.findings import _words
+
+    floors = [(s.get("rounding_floor") or {}).get("floor") if isinstance(s.get("rounding_floor"), Mapping) else None
+              for s in sums]
+    if any(g is None for g in gaps) or not any(_number(f) for f in floors):
+        return None
+    side = max((i for i in (0, 1) if _number(floors[i])), key=lambda i: floors[i])
+    value = float(floors[side])
+    coarser = "" if floors[0] == floors[1] else f" of the coarser run ({SIDES[side]})"
+    return value, f"under the rounding floor{coarser}, {value:.2g} {_words(sums[side].get('metric', ''))}".rstrip()
+
+
 def _lower_dtype(a: Run, b: Run) -> str | None:
     """The runs' dtype of fewer significand bits (either where they are equal), None where either is not recorded."""
     dtypes = [str((r.manifest.get("config") or {}).get("dtype") or "").removeprefix("torch.") for r in (a, b)]
@@ -386,7 +416,14 @@ def _traced(run: Run) -> bool | None:
 def idle_settings(a: Run, b: Run, name: str) -> frozenset[str]:
     """Settings of analysis `name` that changed nothing in either run, so a budget's change to them is no setting
     that differs (review 17a A2: "trace_samples A 1, B 0" was blamed for a difference though causal tracing runs on
-    neither run's task): patching's trace_samples where neither run traced and at least one could not for its task."""
+    neither run's task): patching's trace_samples where neither run traced and at least one could not for its task;
+    probes' capacity where neither run swept (verification 18v C1: A's sweep was skipped, the control task degenerate,
+    and B's budget turned it off, so both probed at the default strength; a summary's `capacity` is the grid swept,
+    None where none was)."""
+    if name == "probes":
+        sums = [r.summary("probes") for r in (a, b)]
+        swept = [s is None or "capacity" not in s or s["capacity"] is not None for s in sums]  # not recorded: may have
+        return frozenset() if any(swept) else frozenset({"capacity"})
     if name != "patching":
         return frozenset()
     traced = [_traced(r) for r in (a, b)]
@@ -451,13 +488,47 @@ def precision_verdict(a: Run, b: Run, name: str, va: float, vb: float, label: st
     said = (f" (a rounding difference, not sampling noise: one model on the same examples, run in two dtypes ({dtypes}), "
             f"so |B - A| = {abs(vb - va):.3g} is what {low}'s rounding does to this number; the examples' sampling "
             "intervals do not judge it")
-    key = next((k for (n, word), k in MEASURED_ROUNDING.items() if n == name and word in label), None)
-    floor = ((a, b)[sides[1]].summary(name) or {}).get(key) if key else None
-    if not _number(floor):
+    step = rounding_step(a, b, name, label, va, vb)
+    if step is None:
         return said + ", and neither summary records this number's rounding to set it against)."
-    inside = abs(vb - va) <= float(floor)
-    return said + (f"; {'within' if inside else 'more than'} {low}'s rounding step of it ({float(floor):.2g})"
+    inside = abs(vb - va) <= step[0]
+    return said + (f"; {'within' if inside else 'more than'} {low}'s rounding step of it ({step[1]})"
                    + ("" if inside else ": the precision changes the computation here, not only its rounding") + ").")
+
+
+PATCHING_METRICS = ("patching clean prompts'", "patching corrupted prompts'")  # compare_headlines' patching labels
+
+
+def rounding_step(a: Run, b: Run, name: str, label: str, va: float, vb: float) -> tuple[float, str] | None:
+    """(the lower precision's rounding step of a headline, its words) where the runs record one: heads' unpruned
+    metric, its summary's measured `noise_floor` (MEASURED_ROUNDING); patching's clean and corrupted prompts' metric,
+    the rule its top sites are judged by (dtype_step: one step at the number's size or the runs' rounding floor of the
+    metric, whichever is larger; review 18a C4: the patching rows carried no step while the heads row had one), the
+    floor where neither run records one being patching's own analytic one, one step at max(1, |metric|)
+    (attribution_patching.rounding_floor); None otherwise."""
+    sides = precision_only(a, b)
+    if sides is None:
+        return None
+    low_run = (a, b)[sides[1]]
+    key = next((k for (m, word), k in MEASURED_ROUNDING.items() if m == name and word in label), None)
+    if key is not None:
+        floor = (low_run.summary(name) or {}).get(key)
+        return (float(floor), f"{float(floor):.2g}") if _number(floor) else None
+    if name != "patching" or not label.startswith(PATCHING_METRICS):
+        return None
+    from headscope.reports.patching_words import _gap
+
+    sums = [r.summary("patching") or {} for r in (a, b)]
+    low = dtype_of(low_run)
+    floor = comparison_floor(sums, [_gap(s) for s in sums])
+    if floor is None:  # patching's analytic floor (eps x max(1, size)), never below one step at the number's size
+        size = max([1.0] + [abs(float(s[k])) for s in sums for k in ("clean_metric", "corrupted_metric")
+                            if _number(s.get(k))])
+        step = 2.0 ** (1 - PRECISION_BITS[low]) * size
+        return step, (f"{step:.3g}: one {low} rounding step of the metric at {size:.3g}, the clean and corrupted "
+                      "metrics' size; neither run records a rounding floor")
+    step, why = dtype_step(low, [va, vb], floor)
+    return step, f"{step:.3g}: {why}"
 
 
 def rounding_premise(a: Run, b: Run) -> str:
@@ -488,11 +559,9 @@ def rounding_note(a: Run, b: Run, name: str, label: str, va: float, vb: float, n
         return SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + words
     if words.startswith(" (not a rounding difference alone") or "more than" in words:
         return f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + words
-    low_run = (a, b)[precision_only(a, b)[1]]
-    low = dtype_of(low_run)
-    key = next((k for (m, word), k in MEASURED_ROUNDING.items() if m == name and word in label), None)
-    floor = (low_run.summary(name) or {}).get(key) if key else None
-    step = f"; within {low}'s rounding step of it ({float(floor):.2g})" if _number(floor) else ""
+    low = dtype_of((a, b)[precision_only(a, b)[1]])
+    found = rounding_step(a, b, name, label, va, vb)
+    step = f"; within {low}'s rounding step of it ({found[1]})" if found is not None else ""
     shown = distinct_pair(va, vb)
     if f"{va:.3g}" == f"{vb:.3g}":
         return (SAME + f"{label}: A {shown[0]}, B {shown[1]} ({n}): equal at the shown precision (3 significant "

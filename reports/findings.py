@@ -562,12 +562,34 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
         others = [r["mass"] for r in rows if not r.get("sink")]
         listed = ", ".join(one(r) for r in sinks) + ("; " if sinks and others else "") \
             + (f"the other {len(others)} layers {min(others):.2f}-{max(others):.2f}" if others else "")
-    rule = f"at least {SINK_RATIO:g}x {'that' if alibi else 'the uniform'} share, with its excess over it 95%-CI above 0"
+    rule = f"at least {SINK_RATIO:g}x {'that' if alibi else 'the uniform'} share" + sink_test_words(rows)
     if sinks:
         verdict = f"An attention sink in layer(s) {', '.join(str(r['layer']) for r in sinks)} ({rule})."
     else:
         verdict = f"No layer is an attention sink (none is {rule})."
     return head + listed + ". " + copies + verdict
+
+
+def ratio_alone(rows: list[Mapping[str, Any]]) -> list[int]:
+    """The layers whose sink verdict had no interval to test (analyses/position/sinks.layer_sinks: one example, or
+    copies of one input, so the ratio alone decided): a record whose excess_ci is recorded as None, n_distinct 1 or n
+    under 2."""
+    return [int(r["layer"]) for r in rows if ("excess_ci" in r and r["excess_ci"] is None) or r.get("n_distinct") == 1
+            or (_num(r.get("n")) is not None and r["n"] < 2)]
+
+
+def sink_test_words(rows: list[Mapping[str, Any]]) -> str:
+    """The interval half of the sink rule, worded by what was computed (verification 18v B3: "its excess over it
+    95%-CI above 0" was cited where no layer had an interval): ", with its excess over it 95%-CI above 0" where every
+    layer has one; nothing where none has (the rule is then the ratio alone); else the interval where given and the
+    layers the ratio alone decided."""
+    alone = ratio_alone(rows)
+    if not alone:
+        return ", with its excess over it 95%-CI above 0"
+    if len(alone) == len(rows):
+        return ""
+    return (f", with its excess over it 95%-CI above 0 where an interval is given (the ratio alone on "
+            f"layer{'s' * (len(alone) > 1)} {int_ranges(sorted(alone))})")
 
 
 def _copies_words(rows: list[Mapping[str, Any]], unit: str) -> str:

@@ -2326,3 +2326,60 @@ def test_compare_and_finding_state_a_bonferroni_interval_at_its_own_level(tmp_pa
     assert "probe accuracy 0.205 against chance 0.128, 98.3% CI [0.0764, 0.4], 39 examples" in notes
     said = finding("probes", io.read_json(tmp_path / "a" / "probes" / "summary.json"))
     assert "98.3% CI [0.0764, 0.4]" in said and "98% CI" not in said and "95% CI [0.0764" not in said
+
+
+def test_compare_sets_patchings_position_free_headlines_against_each_other_across_seeds(tmp_path):
+    """Review 18d C4 (Gemma 2, seeds 0 and 1): the patching finding leads with the resid_pre at each prompt's corrupted
+    token layer by layer, with intervals, and names path patching's largest path with its interval; neither names a
+    position counted from the end, yet compare left both out (only "Top ... sites are not compared end-aligned").
+    Shares by hand: A's gap 6 - (-6) = 12, B's 6.5 - (-6.5) = 13; layer 1: A 0.012 / 12 = 0.001, B 0.0039 / 13 = 0.0003,
+    |B - A| = 0.0007 inside the half-widths 0.0009 + 0.00075; path L0H1: A 0.72 / 12 = 0.06 [0.36 / 12, 1.08 / 12],
+    B 0.91 / 13 = 0.07 [0.52 / 13, 1.3 / 13], |B - A| = 0.01 inside 0.03 + 0.03."""
+    def write(side, seed, gap_half, layer1, paths):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        manifest = io.read_json(tmp_path / side / "manifest.json")
+        io.write_json(tmp_path / side / "manifest.json", {**manifest, "seed": seed})
+        s = io.read_json(tmp_path / side / "patching" / "summary.json")
+        sites = {"resid_pre": [{"layer": 0, "effect": 2 * gap_half, "ci": [1.8 * gap_half, 2.2 * gap_half],
+                                "share_ci": [1.0, 1.0], "n": 8}, {"layer": 1, "n": 8, **layer1}]}
+        io.write_json(tmp_path / side / "patching" / "summary.json", {
+            **s, "metric": "logit_diff", "clean_metric": gap_half, "corrupted_metric": -gap_half, "n_examples": 8,
+            "at_corrupted_token": {"n": 8, "positions_differ": [1, 1], "from_end": {"-7": 7, "-5": 1}, "sites": sites},
+            "path_patching": {"direction": "denoise", "top_paths": [
+                {"sender": list(h), "receiver": "logits", "effect": e, "ci": ci, "n": 8} for h, e, ci in paths]}})
+        io.write_json(tmp_path / side / "patching" / "provenance.json", {"task": "season", "n_examples": 8,
+                                                                        "sample": {"prompt": f"prompt {seed}"}})
+
+    write("a", 0, 6.0, {"effect": 0.012, "share_ci": [0.0002, 0.002]}, [((0, 1), 0.72, [0.36, 1.08])])
+    write("b", 1, 6.5, {"effect": 0.0039, "share_ci": [-0.0005, 0.001]}, [((0, 1), 0.91, [0.52, 1.3])])
+    notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1]
+    assert any(n.startswith(NOT_COMPARED + "Top resid_pre sites are not compared end-aligned") for n in notes)
+    assert SAME + (
+        "patching resid_pre at the corrupted token (aligned on each prompt's own, not counted from the end), per layer, "
+        "as a share of each run's clean-corrupted gap with its 95% CI: within noise in every layer (|B - A| inside the "
+        "two 95% CIs' combined half-widths): layer 0 A 1.00 [1.00, 1.00], B 1.00 [1.00, 1.00]; layer 1 A 0.001 "
+        "[0.0002, 0.002], B 0.0003 [-0.0005, 0.001] (n 8 prompts each).") in notes, notes
+    assert SAME + (
+        "path patching's largest path in size: L0H1 in both (A 0.06 [0.03, 0.09], B 0.07 [0.04, 0.10] of its run's "
+        "gap; n 8 prompts each) (within noise: |B - A| = 0.01 is inside the combined half-widths 0.06; 95% CIs A "
+        "[0.03, 0.09], B [0.04, 0.1]).") in notes, notes
+    # B's layer 1 at 0.065 / 13 = 0.005 [0.004, 0.006]: |B - A| = 0.004 past 0.0009 + 0.001; its top path another head
+    write("c", 1, 6.5, {"effect": 0.065, "share_ci": [0.004, 0.006]},
+          [((0, 0), 0.91, [0.52, 1.3]), ((0, 1), 0.2, [0.1, 0.3])])
+    notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "c"))[1]
+    assert ("patching resid_pre at the corrupted token (aligned on each prompt's own, not counted from the end), per "
+            "layer, as a share of each run's clean-corrupted gap with its 95% CI: beyond noise (|B - A| past the two 95% "
+            "CIs' combined half-widths) in layer 1 A 0.001 [0.0002, 0.002], B 0.005 [0.004, 0.006]; within noise: layer "
+            "0 A 1.00 [1.00, 1.00], B 1.00 [1.00, 1.00] (n 8 prompts each).") in notes, notes
+    assert ("path patching's largest path in size differs: A L0H1 0.06 [0.03, 0.09], B L0H0 0.07 [0.04, 0.10] of its "
+            "run's gap (n 8 prompts each); A's summary does not list the other run's top path among its kept paths."
+            ) in notes, notes
+    # each run lists the other's top path inside its own top path's interval, and the reverse: tied, no difference
+    write("d", 0, 6.0, {"effect": 0.012, "share_ci": [0.0002, 0.002]},
+          [((0, 1), 0.72, [0.36, 1.08]), ((0, 0), 0.6, [0.3, 0.9])])
+    write("e", 1, 6.5, {"effect": 0.0039, "share_ci": [-0.0005, 0.001]},
+          [((0, 0), 0.91, [0.52, 1.3]), ((0, 1), 0.8, [0.5, 1.1])])
+    notes = patching_section(Run(tmp_path / "d"), Run(tmp_path / "e"))[1]
+    assert SAME + ("path patching's largest path in size: A L0H1 0.06 [0.03, 0.09], B L0H0 0.07 [0.04, 0.10] of its "
+                   "run's gap (n 8 prompts each): not a difference: in each run the two heads' paths are tied, each "
+                   "inside the other's 95% interval, so which is the largest is not settled.") in notes, notes

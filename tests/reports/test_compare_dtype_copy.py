@@ -347,7 +347,9 @@ def test_a_budget_change_to_causal_tracing_that_runs_in_neither_run_is_no_settin
         assert [n for n in settings_notes(a, b, ["patching"]) if "budget" in n] == []
         [clean] = [n for n in headline_notes(a, b) if "clean prompts'" in n]
         assert clean == (SAME + "patching clean prompts' logit difference: A 3.91865, B 3.91992 (n 8 each): equal at "
-                         "the shown precision (3 significant figures), moved below it by bfloat16's rounding."), clean
+                         "the shown precision (3 significant figures), moved below it by bfloat16's rounding; within "
+                         "bfloat16's rounding step of it (0.0338: one bfloat16 rounding step of the metric at 4.33, the "
+                         "clean and corrupted metrics' size; neither run records a rounding floor)."), clean  # 2^-7 x 4.33
     # where one run traced, its budget's cut is a setting that differs
     traced = _patching_run(tmp_path / "c", fp32, "float32", {
         "clean_metric": 3.918648, "corrupted_metric": -4.33, **ends, "budget": {"changed": {"trace_samples": [None, 1]}},
@@ -526,3 +528,155 @@ def test_settings_that_do_not_feed_the_unpruned_metric_or_an_r_leave_them_roundi
     assert "Fisher" not in r and "within noise" not in r and "settings differ" not in r, r
     assert r == ("(rounding) patching attribution-vs-exact Pearson r at head_out: A 0.758, B 0.769, |B - A| = 0.011 "
                  "(n 24 cells each)."), r  # in the page's one group of rounding moves (review 17b B1)
+
+
+def test_patching_clean_and_corrupted_rows_of_a_dtype_pair_carry_the_rounding_step_of_the_top_sites(tmp_path):
+    """Review 18a C4 (Phi-3, bfloat16 against float32): "patching clean prompts' logit difference: A 0, B -0.00319,
+    |B - A| = 0.00319" carried no rounding step while the heads row gave one. The step is the top sites' rule: one
+    bfloat16 step at the number's size or the runs' rounding floor of the metric (here bfloat16's measured 0.03125),
+    whichever is larger; a move past it is a difference."""
+    import torch
+
+    # bfloat16's spacing at 0.00319 (exponent -9) is 2^(-9 - 7), by torch's own rounding
+    v = float(torch.tensor(0.0031890869, dtype=torch.bfloat16))
+    assert float(torch.tensor(v + 2.0 ** -16, dtype=torch.bfloat16)) == v + 2.0 ** -16
+    assert float(torch.tensor(v + 2.0 ** -16 * 0.49, dtype=torch.bfloat16)) == v
+    fp32, bf16, _ = _folders(tmp_path)
+    ends = {"clean_metric_ci": [-0.72, 0.72], "corrupted_metric_ci": [-0.77, 0.79]}
+    a = _patching_run(tmp_path / "a", bf16, "bfloat16", {"clean_metric": 0.0, "corrupted_metric": 0.01171875, **ends,
+                                                          "rounding_floor": {"basis": "measured", "floor": 0.03125}})
+    b = _patching_run(tmp_path / "b", fp32, "float32", {"clean_metric": -0.0031890869, "corrupted_metric": 0.0108288,
+                                                         **ends, "rounding_floor": {"basis": "measured", "floor": 9.5e-7}})
+    notes = [n for n in headline_notes(a, b) if n.startswith((ROUNDING + "patching", "patching"))]
+    assert notes == [
+        ROUNDING + "patching clean prompts' logit difference: A 0, B -0.00319, |B - A| = 0.00319 (n 8 each); within "
+        "bfloat16's rounding step of it (0.0312: the runs' rounding floor; one bfloat16 step at 0.00319 is 1.53e-05).",
+        ROUNDING + "patching corrupted prompts' logit difference: A 0.0117, B 0.0108, |B - A| = 0.00089 (n 8 each); "
+        "within bfloat16's rounding step of it (0.0312: the runs' rounding floor; one bfloat16 step at 0.0117 is "
+        "6.1e-05)."], notes
+    c = _patching_run(tmp_path / "c", fp32, "float32", {"clean_metric": -0.05, "corrupted_metric": 0.0108288, **ends})
+    [clean] = [n for n in headline_notes(a, c) if "clean prompts'" in n]
+    assert not clean.startswith((ROUNDING, SAME)) and clean.endswith(
+        "more than bfloat16's rounding step of it (0.0312: the runs' rounding floor; one bfloat16 step at 0.05 is "
+        "0.000244): the precision changes the computation here, not only its rounding)."), clean
+
+
+def _probes_run(root, folder, dtype, summary):
+    io.write_json(root / "manifest.json", {
+        "model": {"name": f"./{folder.name}", "source": str(folder)}, "seed": 0,
+        "config": {"analyses": ["probes"], "task": "moves.csv", "dtype": dtype, "quick": True, "n_examples": None}})
+    io.write_json(root / "probes" / "summary.json", {"metric": "accuracy", "n_examples": 40, "best_accuracy": 0.7,
+                                                     "best_ci": [0.53, 0.83], **summary})
+    io.write_json(root / "probes" / "task.json", {"task": "moves", "source": "your task (moves.csv)", "n_examples": 40,
+                                                  "rows": list(range(40)), "sample": {"prompt": "It goes to"}})
+    return Run(root)
+
+
+def test_a_probes_capacity_setting_that_took_effect_in_neither_run_is_no_setting(tmp_path):
+    """Verification 18v C1 (StableLM, float32 against bfloat16): "the two runs' probes settings differ (capacity A True,
+    B False), so |B - A| = 0 is bfloat16's rounding and the settings together", though A's sweep was skipped (its control
+    task degenerate: C = 1) and B's budget turned it off, so both probed at C = 1. Where a run did sweep (its summary's
+    capacity is the grid), the setting still differs."""
+    fp32, bf16, _ = _folders(tmp_path)
+    skipped = "selectivity is not measurable here (the control task is degenerate), so no strength is picked by it"
+    a = _probes_run(tmp_path / "a", fp32, "float32", {"capacity": None, "capacity_skipped": skipped})
+    b = _probes_run(tmp_path / "b", bf16, "bfloat16", {"capacity": None, "capacity_skipped": None,
+                                                        "budget": {"changed": {"capacity": [True, False]}}})
+    [note] = [n for n in headline_notes(a, b) if n.startswith((SAME + "probes best", "probes best"))]
+    assert note == (SAME + "probes best accuracy: A 0.7, B 0.7 (n 40 each) (the same value in both dtypes (A float32, B "
+                    "bfloat16), one model on the same examples: bfloat16's rounding does not move it)."), note
+    assert [n for n in settings_notes(a, b, ["probes"]) if "budget" in n] == []
+    swept = _probes_run(tmp_path / "c", fp32, "float32", {"capacity": {"param": "C", "grid": [0.1, 1.0]},
+                                                           "capacity_skipped": None})
+    [note] = [n for n in headline_notes(swept, b) if "probes best" in n]
+    assert "the two runs' probes settings differ (capacity A True, B False)" in note, note
+    assert [n for n in settings_notes(swept, b, ["probes"]) if "budget" in n] == [
+        "probes budget changes: A none, B capacity True -> False."]
+
+
+ORDER_A = "L1H0 L2H2 L3H2 L2H0 L2H3 L3H1 L1H3 L3H0 L1H2 L3H3 L0H1 L0H2 L2H1 L1H1 L0H3 L0H0".split()
+ORDER_B = "L1H0 L2H2 L3H2 L2H0 L2H3 L1H3 L3H1 L1H2 L3H0 L0H1 L3H3 L0H2 L2H1 L0H3 L1H1 L0H0".split()
+
+
+def _pruning_run(root, folder, dtype, order, metrics, line, interval, floor):
+    """A heads run whose fixed ablation order removes `order` two heads a step (heads/curve.csv), `metrics` at 0, 2,
+    ..., 16 heads removed, 8 of 16 prunable with its 1% line record at 10 heads (review 18b's Gemma 3 numbers)."""
+    import pandas as pd
+
+    io.write_json(root / "manifest.json", {
+        "model": {"name": f"./{folder.name}", "source": str(folder)}, "seed": 0,
+        "config": {"analyses": ["heads"], "task": "animals.csv", "dtype": dtype, "quick": True, "n_examples": None}})
+    io.write_csv(root / "heads" / "curve.csv", pd.DataFrame({
+        "ordering": "ablation", "recompute": False, "seed": 0, "n_pruned": range(0, 17, 2),
+        "fraction_pruned": [k / 16 for k in range(0, 17, 2)], "metric": metrics,
+        "pruned": [None] + [f"{order[k]} {order[k + 1]}" for k in range(0, 16, 2)]}))
+    io.write_json(root / "heads" / "summary.json", {
+        "metric": "logit_diff", "baseline_metric": metrics[0], "n_heads": 16, "n_examples": 16, "noise_floor": floor,
+        "max_fraction_prunable_ablation": 0.5, "heads_prunable_ablation": 8,
+        "prunable_ci_ablation": {"interval_heads": interval, "line": {
+            "n_pruned": 10, "metric": metrics[5], "line": 0.99 * metrics[0], "change": metrics[5] - metrics[0],
+            "change_low": line[0], "change_high": line[1], "on_the_line": True, "past": True}}})
+    io.write_json(root / "heads" / "task.json", {"task": "animals", "source": "your task (animals.csv)", "n_examples": 16,
+                                                 "rows": list(range(16)), "sample": {"prompt": "It hoots. It is a"}})
+    return Run(root)
+
+
+def test_compare_says_two_pruning_points_at_one_count_removed_different_heads(tmp_path):
+    """Review 18b C2 (Gemma 3, bfloat16 against float32): compare read A's point "at 10 heads removed is 4.005" against
+    B's "4.437" as one point, while the two ablation orders part at the 6th head and by 10 heads remove L3H3 in A and
+    L0H1 in B. By hand: the orders remove the same heads at 4 and 12 (sets compared); the changes from unpruned there
+    are 4.588409 - 4.479309 = 0.109100 against 4.592541 - 4.483667 = 0.108874 (0.000226 apart) and 4.457642 - 4.479309
+    = -0.021667 against 4.459708 - 4.483667 = -0.023959 (0.002292 apart), both under bfloat16's step 0.0376."""
+    from headscope.reports.compare_pruning import pruning_notes
+
+    assert set(ORDER_A[:4]) == set(ORDER_B[:4]) and set(ORDER_A[:12]) == set(ORDER_B[:12])
+    assert set(ORDER_A[:10]) - set(ORDER_B[:10]) == {"L3H3"} and set(ORDER_B[:10]) - set(ORDER_A[:10]) == {"L0H1"}
+    assert [i for i in range(16) if ORDER_A[i] != ORDER_B[i]][0] == 5  # the 6th head removed
+    fp32, bf16, _ = _folders(tmp_path)
+    a = _pruning_run(tmp_path / "a", bf16, "bfloat16", ORDER_A,
+                     [4.479309, 4.561279, 4.588409, 4.632263, 4.619019, 4.005310, 4.457642, 3.375244, -0.106689],
+                     (-0.924, -0.0243), [8.0, 8.0], 0.0376)
+    b = _pruning_run(tmp_path / "b", fp32, "float32", ORDER_B,
+                     [4.483667, 4.559550, 4.592541, 4.609105, 4.523076, 4.437321, 4.459708, 3.739136, -0.104040],
+                     (-0.796, 0.704), [4.0, 14.0], 5.7e-07)
+    [note] = pruning_notes(a, b)
+    assert "the point at 10 heads removed is 4.005" in note and "the point at 10 heads removed is 4.437" in note
+    assert note.endswith(
+        " The two points at 10 heads removed are of different heads, not one point read twice: the fixed orders part "
+        "at the 6th head removed (A L3H1, B L1H3), and by 10 heads removed A has removed L3H3 where B has removed L0H1, "
+        "which neither heads finding records as tied within rounding; with the same heads removed (at 4 and 12 heads) "
+        "the changes are 0.00023 and 0.0023 apart, within bfloat16's rounding step of the metric (0.038): where the "
+        "heads agree the precision moves the curve by less than its rounding, so the gap between the two points goes "
+        "with the heads removed."), note
+    same = _pruning_run(tmp_path / "c", fp32, "float32", ORDER_A,
+                        [4.483667, 4.559550, 4.592541, 4.609105, 4.523076, 4.437321, 4.459708, 3.739136, -0.104040],
+                        (-0.796, 0.704), [4.0, 14.0], 5.7e-07)
+    assert "different heads" not in pruning_notes(a, same)[0]  # one order: the two points are one point read twice
+
+
+def test_patching_at_the_corrupted_token_of_a_dtype_pair_is_judged_by_the_rounding_step(tmp_path):
+    """Review 18d C4 on one model in two dtypes: the resid_pre at the corrupted token per layer, |B - A| against the
+    rounding step at its size (as the top sites): 8.239032 against 8.224609 moves 0.0144, under one bfloat16 step at
+    8.24 (2^(3 - 7) = 0.0625); 0.1 against 0.3 moves 0.2, past the floor 0.015625."""
+    from headscope.reports.compare import patching_section
+
+    fp32, bf16, _ = _folders(tmp_path)
+
+    def run(side, folder, dtype, effects):
+        rows = [{"layer": k, "effect": e, "ci": [e - 1, e + 1], "n": 8} for k, e in enumerate(effects)]
+        return _patching_run(tmp_path / side, folder, dtype, {
+            **_sites_summary([], [], [], 3.918648, -4.325621),
+            "at_corrupted_token": {"n": 8, "positions_differ": [1, 1], "sites": {"resid_pre": rows}}})
+
+    a = run("a", fp32, "float32", [8.239032, 0.1])
+    notes = patching_section(a, run("b", bf16, "bfloat16", [8.224609, 0.1]))[1]
+    assert ROUNDING + ("patching resid_pre at the corrupted token (aligned on each prompt's own, not counted from the "
+                       "end), per layer: layer 0 moved most: A 8.24, B 8.22, |B - A| = 0.0144 logit difference, within "
+                       "bfloat16's rounding step there (0.0625: one bfloat16 step at 8.24), as every layer; every layer: "
+                       "layer 0 A 8.24, B 8.22; layer 1 A 0.1, B 0.1 (n 8 prompts each).") in notes, notes
+    notes = patching_section(a, run("c", bf16, "bfloat16", [8.224609, 0.3]))[1]
+    assert ("patching resid_pre at the corrupted token (aligned on each prompt's own, not counted from the end), per "
+            "layer: beyond bfloat16's rounding at layer 1: |B - A| = 0.2 logit difference, more than its step there "
+            "(0.0156: the runs' rounding floor; one bfloat16 step at 0.3 is 0.00195): the precision changes the "
+            "computation here, not only its rounding; every layer: layer 0 A 8.24, B 8.22; layer 1 A 0.1, B 0.3 logit "
+            "difference (n 8 prompts each).") in notes, notes

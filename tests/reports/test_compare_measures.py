@@ -343,3 +343,34 @@ def test_sink_values_from_copies_of_one_input_are_not_beyond_noise():
     wide = sink_note({"n_sink": 4, "sinks": [{**rec(0, 0.30, 4), "ci": [0.29, 0.31]}]},
                      {"n_sink": 4, "sinks": [{**rec(0, 0.50, 4), "ci": [0.49, 0.51]}]}, name="position")[0]
     assert "beyond noise" in wide and "copies" not in wide
+
+
+def test_the_sink_rule_is_worded_by_what_was_computed_where_no_interval_exists():
+    """Verification 18v B3 (StarCoder2, window 12): every position layer's examples were copies of one input, so no
+    interval was computed (excess_ci None, the ratio alone decides: analyses/position/sinks.layer_sinks), yet the finding
+    and compare cited "its excess over it 95%-CI above 0"."""
+    from headscope.reports.compare_measures import sink_note
+    from headscope.reports.findings import sink_sentence
+
+    def rec(layer, mass, ci=None, excess=None):
+        return {"layer": layer, "mass": mass, "baseline": 0.51, "ci": ci, "excess_ci": excess, "ratio": mass / 0.51,
+                "n": 4, "sink": False, **({} if ci else {"n_distinct": 1, "read_tokens": 12})}
+
+    alone = [rec(0, 0.5935), rec(1, 0.4986)]
+    text = sink_sentence(alone, n_sink=4)
+    assert text.endswith("verdict rests on the ratio alone. No layer is an attention sink (none is at least 1.5x the "
+                         "uniform share)."), text
+    assert "95%-CI" not in text
+    mixed = [rec(0, 0.5935), rec(1, 0.4986, ci=[0.45, 0.55], excess=[-0.06, 0.04])]
+    assert sink_sentence(mixed, n_sink=4).endswith(
+        "No layer is an attention sink (none is at least 1.5x the uniform share, with its excess over it 95%-CI above 0 "
+        "where an interval is given (the ratio alone on layer 0)).")
+    line = sink_note({"n_sink": 4, "sinks": alone}, {"n_sink": 4, "sinks": alone}, name="position")[-1]
+    assert line == (SAME + "position attention-sink layers (at least 1.5x the uniform share; no interval in either run, "
+                    "so the ratio alone decides): the same verdict: A and B none.")
+    line = sink_note({"n_sink": 4, "sinks": alone}, {"n_sink": 4, "sinks": mixed}, name="position")[-1]
+    assert "(at least 1.5x the uniform share, its excess 95%-CI above 0 where a run gives an interval (the ratio alone on " \
+           "A's layers 0-1; B's layer 0))" in line, line
+    both = [rec(0, 0.5935, ci=[0.5, 0.7], excess=[0.01, 0.2]), rec(1, 0.4986, ci=[0.45, 0.55], excess=[-0.06, 0.04])]
+    assert "(at least 1.5x the uniform share, its excess 95%-CI above 0): the same verdict" in sink_note(
+        {"n_sink": 4, "sinks": both}, {"n_sink": 4, "sinks": both}, name="position")[-1]
