@@ -1,0 +1,106 @@
+"""Review 18 on kv: a budget of one evicted prompt neither makes nor breaks a policy's verdict (18c A2), the headline
+follows the verdicts (18c A2), a rounding step as large as the band decides nothing (18b B1), compare's "same verdict"
+only where no budget verdict differs (18c C1)."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from scipy import stats
+
+from headscope.analyses.kv.holding import holding_budgets
+from headscope.reports.findings import finding
+
+
+def _sweep(full: list[float], by_budget: dict[int, list[float]], contexts: list[int]) -> pd.DataFrame:
+    """Window by hand: per prompt its full-cache metric and, per budget, its metric where it evicts (context > budget)."""
+    rows = []
+    for e, (f, c) in enumerate(zip(full, contexts)):
+        rows.append({"policy": "full", "budget": max(contexts), "example": e, "context": c, "metric": f})
+        rows += [{"policy": "window", "budget": b, "example": e, "context": c, "metric": v[e] if c > b else f}
+                 for b, v in by_budget.items()]
+    return pd.DataFrame(rows)
+
+
+def test_a_budget_of_one_prompt_does_not_break_a_policy_that_holds():
+    """Review 18c A2: window held at budget 16 over 8 prompts (95% CI inside +-1%) and budget 32 evicted from one
+    prompt; the finding said "not shown" beside an interval inside the band. Here 5 prompts, full cache 10: at 8 every
+    prompt falls to 9 (below); at 16 four prompts change by +0.02, -0.03, +0.01, 0 (scipy's t interval inside +-0.1); at
+    32 only the 40-token prompt evicts (-0.5): window holds from 16, 32 said as too few."""
+    diffs16 = [0.02, -0.03, 0.01, 0.0]
+    ci = stats.ttest_1samp(diffs16, 0.0).confidence_interval(0.95)
+    assert -0.1 < ci.low and ci.high < 0.1  # the premise: inside 1% of 10
+    sweep = _sweep([10.0] * 5, {8: [9.0] * 5, 16: [10.0 + d for d in diffs16] + [10.0],
+                                32: [10.0, 10.0, 10.0, 9.5, 10.0]}, contexts=[20, 20, 20, 40, 10])
+    e = holding_budgets(sweep, n_sink=4)["policies"]["window"]
+    assert e["verdicts"] == {"8": "below", "16": "holds", "32": "too few"}
+    assert (e["budget"], e["below"], e["at"]["n_evicting"]) == (16, 8, 4)
+    assert (e["at"]["ci_low"], e["at"]["ci_high"]) == pytest.approx((ci.low / 10, ci.high / 10))
+    assert [(r["budget"], r["n_evicting"]) for r in e["too_few"]] == [(32, 1)]
+    text = finding("kv", {"metric": "logit_diff", "n_examples": 5, "metric_unevicted": 10.0,
+                          "holding_budgets": holding_budgets(sweep, n_sink=4)})
+    assert "window from 16 positions (between 8 and 16 on this grid" in text, text
+    assert ("; at budget 32 it evicts from one prompt only (-5.0%, per example -0.500 to -0.500 logits, n = 1): too few "
+            "to say, so it neither makes nor breaks the verdict)") in text, text
+    assert "No policy" not in text and "not shown" not in text
+
+
+def test_the_closest_policys_words_follow_its_verdict():
+    """Review 18c A2: "is within 1% on average, but its 95% CI reaches past the band: not shown" for a row whose
+    interval lay inside the band (the words read |change| <= 1%, not the verdict). Here window holds at 8 (4 prompts,
+    +0.01, -0.01, +0.02, -0.02 on 10) but not at 16 (differences +-0.3: interval wider than the band): no policy holds
+    from one budget on, and the closest row, 8, holds."""
+    d8, d16 = [0.01, -0.01, 0.02, -0.02], [0.3, -0.3, 0.3, -0.25]
+    assert stats.ttest_1samp(d8, 0.0).confidence_interval(0.95).high < 0.1 < \
+        stats.ttest_1samp(d16, 0.0).confidence_interval(0.95).high  # the premise
+    sweep = _sweep([10.0] * 4, {8: [10.0 + d for d in d8], 16: [10.0 + d for d in d16]}, contexts=[30] * 4)
+    hold = holding_budgets(sweep, n_sink=4)
+    assert hold["policies"]["window"]["verdicts"] == {"8": "holds", "16": "not shown"}
+    text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "holding_budgets": hold})
+    assert text.startswith("No policy is shown to stay within 1% at every budget from one on that evicts something; "
+                           "window comes closest: at budget 8 it keeps 100.0% of the logit difference and holds within 1% "
+                           "(its 95% CI inside the band), but not every larger budget that evicts does ("), text
+    assert "reaches past the band" not in text and "it holds at budget(s) 8 (its 95% CI inside the band)" in text
+
+
+def test_a_rounding_step_larger_than_the_band_cannot_tell():
+    """Review 18b B1: bfloat16's "heavy hitters at budget 16 ... counted as within" by a rounding allowance of 0.066
+    logits against a band of 0.045 (0.022 on the prompts evicted there), where float32 said "not shown". Here full
+    cache 2.25 on 4 prompts (band 0.0225), bfloat16's step at that size 2^-7 x 2 = 0.0156 (69% of the band); the
+    differences at 16 (+0.015, +0.02, +0.03, +0.02) give a 95% interval (scipy) past +0.0225 by less than the step."""
+    diffs = [0.015, 0.02, 0.03, 0.02]
+    ci = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
+    floor = 2.0 ** -7 * 2.25
+    miss = ci.high - 0.0225
+    assert 0 < miss < floor and floor > 0.5 * 0.0225  # the premise: the old rule counted it as within
+    sweep = _sweep([2.25] * 4, {16: [2.25 + d for d in diffs]}, contexts=[30] * 4)
+    e = holding_budgets(sweep, n_sink=4, floor=floor)["policies"]["window"]
+    assert (e["verdicts"], e["budget"], e["rounding_held"]) == ({"16": "not shown"}, None, [])
+    assert e["rounding_coarse"][0]["rounding_miss"] == pytest.approx(miss)
+    text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 2.25, "dtype": "bfloat16",
+                          "holding_budgets": holding_budgets(sweep, n_sink=4, floor=floor)})
+    assert (f"consistent with holding within 1%, but its 95% CI passes the band by {miss:.2g} logits, less than one "
+            f"bfloat16 rounding step of the metric ({floor:.2g} logits, {100 * floor / 0.0225:.0f}% of the band there, "
+            "0.022): cannot tell at this precision") in text, text
+    assert "counted as within" not in text and "up to bfloat16 rounding" not in text
+
+
+def test_compare_calls_no_verdict_the_same_where_a_budget_verdict_differs(tmp_path):
+    """Review 18c C1: "window within 1% of the full cache: the same verdict: A and B not shown either way (budget
+    verdicts that differ: 8: ...)". Both from 16 here, budget 8 (4 prompts each) holds in B only: a difference, not
+    "the same verdict"; with no budget apart, the same verdict."""
+    from headscope.reports.compare_verdicts import _verdict_notes
+
+    def hold(v8: str) -> dict:
+        at = {"budget": 16, "n_evicting": 4, "n_examples": 4, "share": 0.5, "change": 0.0}
+        row8 = {"budget": 8, "n_evicting": 4, "change": 0.002, "ci_low": -0.02, "ci_high": 0.02}
+        return {"metric": "logit_diff", "metric_unevicted": 10.0, "n_examples": 4, "holding_budgets": {
+            "tolerance": 0.01, "policies": {"window": {"budget": 16, "at": at, "verdicts": {"8": v8, "16": "holds"},
+                                                       "not_shown": [row8] if v8 == "not shown" else []}}}}
+
+    a, b = hold("not shown"), hold("holds")
+    [note] = _verdict_notes("kv", a, b)
+    assert note == ("kv window within 1% of the full cache: the same headline, but not the same budget verdicts: A and B "
+                    "from 16 positions (a median 50% of the cache) (budget verdicts that differ: 8: not shown in A, holds "
+                    "in B)."), note
+    [same] = _verdict_notes("kv", a, a)
+    assert same.startswith("(same) kv window within 1% of the full cache: the same verdict: A and B from 16 positions")
