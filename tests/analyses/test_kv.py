@@ -583,6 +583,9 @@ def test_keys_normalised_on_qwen3_are_said_and_bounded_by_hf_k_norm(tmp_path):
     assert key_norm["bounds"] == pytest.approx([4 * lo, 4 * hi], rel=1e-5)
     means = torch.stack(per_layer).mean(1)  # [layer, pos, kv_head]: what the norms table averages over prompts
     assert key_norm["measured"] == pytest.approx([float(means.min()), float(means.max())], abs=1e-5)
+    each = torch.stack(per_layer)  # [layer, batch, pos, kv_head]: review 18v B1, the keys' own range
+    assert key_norm["keys"] == pytest.approx([float(each.min()), float(each.max())], abs=1e-5)
+    assert float(each.min()) < float(means.min()) <= float(means.max()) <= float(each.max())  # the premise: wider
     table = result.tables["norms"]
     keys = table[table.kind == "key"].sort_values(["layer", "position", "kv_head"]).norm.to_numpy()
     assert np.abs(keys - means.reshape(-1).numpy()).max() < 1e-5  # the cache's keys after RoPE: the same norms
@@ -590,8 +593,9 @@ def test_keys_normalised_on_qwen3_are_said_and_bounded_by_hf_k_norm(tmp_path):
 
     text = finding(s)
     assert (f"Keys are RMS-normalised per head (k_norm) before caching, so their norms are set by the norm's weight, "
-            f"not by the key's input (here {4 * lo:.2f}-{4 * hi:.2f}: sqrt(16) x its |weight| {lo:.2f}-{hi:.2f}; measured "
-            f"{float(means.min()):.2f}-{float(means.max()):.2f}; smaller only for a key near zero against the norm's "
+            f"not by the key's input (here {4 * lo:.2f}-{4 * hi:.2f}: sqrt(16) x its |weight| {lo:.2f}-{hi:.2f}; the cached "
+            f"keys {float(each.min()):.2f}-{float(each.max()):.2f} (their means over prompts per head and position "
+            f"{float(means.min()):.2f}-{float(means.max()):.2f}); smaller only for a key near zero against the norm's "
             "epsilon), and the first key's norm cannot mark a sink: not reported.") in text
     assert "The first key's norm is" not in text
     import matplotlib.pyplot as plt

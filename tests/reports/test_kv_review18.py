@@ -104,3 +104,15 @@ def test_compare_calls_no_verdict_the_same_where_a_budget_verdict_differs(tmp_pa
                     "in B)."), note
     [same] = _verdict_notes("kv", a, a)
     assert same.startswith("(same) kv window within 1% of the full cache: the same verdict: A and B from 16 positions")
+
+
+def test_first_key_norm_says_which_layers_were_measured():
+    """Review 18d B2: "the first key's norm stands out in every layer" where layers 0 and 2 (sliding windows past the
+    first key) were not measured: "both layers measured (1, 3)"; every layer measured still says every layer."""
+    records = [{"layer": 0, "ratio": None, "ci": None, "n": 0}, {"layer": 1, "ratio": 2.42, "ci": [2.38, 2.47], "n": 16},
+               {"layer": 2, "ratio": None, "ci": None, "n": 0}, {"layer": 3, "ratio": 1.91, "ci": [1.83, 1.98], "n": 16}]
+    text = finding("kv", {"key_norm_ratios": records})
+    assert ("layer 1 2.42 [2.38, 2.47], layer 3 1.91 [1.83, 1.98]: the first key's norm stands out in both layers "
+            "measured (1, 3) (more than 1.5x, its 95% CI above 1.5: a sink key).") in text, text
+    whole = finding("kv", {"key_norm_ratios": [r for r in records if r["ratio"] is not None]})
+    assert "stands out in every layer (more than 1.5x" in whole
