@@ -457,7 +457,7 @@ def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_shar
             "33.8 KiB at full context (128 positions)") in text
     assert "against 64.0 KiB if every layer were global" in text
     assert "(layer(s) 1; layer(s) 0 no longer cache the first key (sliding window))" in text
-    assert "layer(s) 0 from 5: a sliding window" in plot_norms(norms).get_xlabel()
+    assert "layer(s) 0 from position 5 on: a sliding window" in " ".join(plot_norms(norms).get_xlabel().split())
     records = [{"layer": 0, "mass": 0.3, "uniform": 0.2, "ratio": 1.5, "n": 2}]
     assert "on sliding-window layer 0 over the queries whose window holds the first token" in finding(
         {**summary, "sinks": records, "task": "kv"})

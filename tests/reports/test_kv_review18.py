@@ -116,3 +116,52 @@ def test_first_key_norm_says_which_layers_were_measured():
             "measured (1, 3) (more than 1.5x, its 95% CI above 1.5: a sink key).") in text, text
     whole = finding("kv", {"key_norm_ratios": [r for r in records if r["ratio"] is not None]})
     assert "stands out in every layer (more than 1.5x" in whole
+
+
+def test_eviction_figure_leaves_out_budgets_above_the_first_that_evicts_nothing():
+    """Review 18a C3: every layer slides over 12 keys (cache cap 11), yet budgets 16, 32 and 38 took 3 of 7 ticks, each
+    0/16. Here 16 prompts of 38 context positions, window evicting at 1-8 and nothing from 16 on: ticks 1-16 (16 marked
+    0/16), 32 and 38 named in the x label as not drawn, the cap's line inside the axis."""
+    import matplotlib.pyplot as plt
+
+    from headscope.reports.plots_kv import plot_eviction
+
+    rows = [{"policy": "full", "budget": 38, "example": e, "context": 38, "cached": 33.0, "kept": 33.0, "metric": 2.0}
+            for e in range(16)]
+    rows += [{"policy": "window", "budget": b, "example": e, "context": 38, "cached": 33.0,
+              "kept": 3.0 * b if b < 11 else 33.0, "metric": 2.0 - (0.1 if b < 11 else 0.0) + 0.01 * (e % 3)}
+             for b in (1, 2, 4, 8, 16, 32, 38) for e in range(16)]
+    try:
+        ax = plot_eviction(pd.DataFrame(rows), metric="logit_diff", cap=11)
+        ticked = getattr(ax, "_zoom", ax)
+        assert [int(t) for t in ticked.get_xticks()] == [1, 2, 4, 8, 16]
+        assert [t.get_text() for t in ticked.get_xticklabels()][-1] == "16\n0/16"
+        label = " ".join(ticked.get_xlabel().split())
+        assert "not drawn: budget(s) 32, 38, above 16, evict from no prompt (every prompt kept whole)" in label, label
+        lo, hi = ticked.get_xlim()
+        assert lo < 1 and 16 < hi < 32
+    finally:
+        plt.close("all")
+
+
+def test_kv_norms_label_and_sinks_caption_say_what_a_window_keeps():
+    """Review 18b C4: kv_norms' x label "layer(s) 0 from 1, 1 from 1, 2 from 1" read as a count or a layer: "layer(s)
+    0, 1, 2 from position 1 on". Review 18a C5: the kv_sinks caption did not say the bars average only the queries whose
+    window holds the first token."""
+    import matplotlib.pyplot as plt
+
+    from headscope.reports.findings import caption
+    from headscope.reports.plots_kv import plot_norms
+
+    rows = [{"layer": layer, "kv_head": 0, "position": p, "kind": "key", "norm": 1.0 + 0.1 * p, "n_prompts": 4}
+            for layer in range(4) for p in (range(1, 9) if layer < 3 else range(9))]
+    try:
+        ax = plot_norms(pd.DataFrame(rows), n_prompts=4, ax=plt.subplots()[1])
+        label = " ".join(ax.get_xlabel().split())
+        assert ("layer(s) 0, 1, 2 from position 1 on: a sliding window, each prompt's cache holds only its last "
+                "positions, so an early position is reached only by the prompts short enough to keep it") in label, label
+        assert "0 from 1" not in label
+    finally:
+        plt.close("all")
+    assert ("On a sliding-window layer both bars average only the queries whose window holds the first token (queries 1 "
+            "to window - 1)") in caption("kv_sinks")
