@@ -1,6 +1,7 @@
-"""Review 18 on kv: a budget of one evicted prompt neither makes nor breaks a policy's verdict (18c A2), the headline
-follows the verdicts (18c A2), a rounding step as large as the band decides nothing (18b B1), compare's "same verdict"
-only where no budget verdict differs (18c C1)."""
+"""Review 18 on kv and mlp routing words: a budget of one evicted prompt neither makes nor breaks a policy's verdict
+(18c A2), the headline follows the verdicts (18c A2), a rounding step as large as the band decides nothing (18b B1),
+compare's "same verdict" only where no budget verdict differs (18c C1), the kv figures (18a C3, C5, 18b C4), the
+layers the first key's norm was measured on (18d B2), routed counts in bfloat16 (18c B1)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -165,3 +166,23 @@ def test_kv_norms_label_and_sinks_caption_say_what_a_window_keeps():
         plt.close("all")
     assert ("On a sliding-window layer both bars average only the queries whose window holds the first token (queries 1 "
             "to window - 1)") in caption("kv_sinks")
+
+
+def test_mlp_routed_counts_say_how_far_rounding_can_move_them():
+    """Review 18c B1: in bfloat16 layer 2 expert 5's neuron 25 was "routed on 8 of 16 examples" while plain HF routed
+    it on 9: on one example the router's 2nd and 3rd logits (experts 6 and 5) lay within one bfloat16 step
+    (routing_near_ties, from the same router logits). The count says its range: 8-9."""
+    s = {"n_memories_per_layer": {"2": 512}, "experts_per_layer": {"2": {"n_experts": 8, "expert_width": 64, "top_k": 2}},
+         "n_task_examples": 16, "routing_dtype": "bfloat16", "routing_within_rounding": {"2": 1},
+         "routing_near_ties": {"2": [{"example": 10, "chosen": 6, "next": 5}]},
+         "top_neurons": [{"layer": 2, "neuron": 345, "task_update_norm": 1.12, "expert": 5, "expert_neuron": 25,
+                          "n_routed": 8, "shared": False},
+                         {"layer": 2, "neuron": 400, "task_update_norm": 0.7, "expert": 6, "expert_neuron": 16,
+                          "n_routed": 10, "shared": False},
+                         {"layer": 2, "neuron": 10, "task_update_norm": 0.6, "expert": 0, "expert_neuron": 10,
+                          "n_routed": 5, "shared": False}]}
+    text = finding("mlp", s)
+    assert ("layer 2 expert 5's neuron 25 (1.12, routed on 8 of 16 examples, 8-9 up to bfloat16's rounding), layer 2 "
+            "expert 6's neuron 16 (0.7, routed on 10 of 16 examples, 9-10 up to bfloat16's rounding) and layer 2 expert "
+            "0's neuron 10 (0.6, routed on 5 of 16 examples)") in text, text
+    assert "routed counts included" in text
