@@ -21,18 +21,22 @@ def _holding_words(e: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> 
     (kv_policy_words.missed_words; also where an older summary's consistent_from rests on one prompt), 'no budget evicts';
     a budget held only by the rounding floor with its reason (review 13b C1)."""
     at = e.get("at")
+    few = [str(r["budget"]) for r in e.get("too_few") or [] if isinstance(r, Mapping) and r.get("budget") is not None
+           and r["budget"] > (e.get("consistent_from") or (at or {}).get("budget") or 10 ** 9)]
+    few_words = f"; budget(s) {', '.join(few)}: too few prompts evicted to say" if few else ""  # review 18c A2
     if isinstance(at, Mapping) and at.get("budget") is not None:
         why = _rounding_reason(at, s or {})
         inner = ([f"a median {100 * at['share']:.0f}% of the cache"] if _number(at.get("share")) else []) + \
             ([f"within the band {why}"] if why else [])
-        return f"from {at['budget']} positions" + (f" ({'; '.join(inner)})" if inner else "")
+        return f"from {at['budget']} positions" + (f" ({'; '.join(inner)}{few_words})" if inner else
+                                                   f" ({few_words[2:]})" if few else "")
     hold = (s or {}).get("holding_budgets")
     tol = float((hold if isinstance(hold, Mapping) else {}).get("tolerance") or 0.01)
     start = e.get("consistent_from")
     rows = [r for r in e.get("not_shown") or [] if isinstance(r, Mapping) and (r.get("budget") or 0) >= (start or 0)]
     if start is not None and all((r.get("n_evicting") or 0) >= 2 for r in rows):  # review 17b A3: an older summary
         # counted a one-prompt row as within whatever its mean (analyses/kv/holding.py no longer does)
-        return f"not shown to hold (its means within {100 * tol:.0f}% from budget {e['consistent_from']} on)"
+        return f"not shown to hold (its means within {100 * tol:.0f}% from budget {e['consistent_from']} on{few_words})"
     if start is not None:
         return "not shown either way"
     if e.get("worst_evicting") is not None:  # review 14bv B1: "never" only where every interval lies outside the band
@@ -208,7 +212,7 @@ def _kv_rows_n(s: Mapping[str, Any], label: str) -> dict[str, Any]:
     for policy, e in (hold.get("policies") or {}).items():
         if not (isinstance(e, Mapping) and label.startswith(f"kv {policy.replace('_', ' ')} within")):
             continue
-        for key in ("above", "below", "not_shown", "rounding_held", "at", "closest", "worst_evicting"):
+        for key in ("above", "below", "not_shown", "rounding_held", "too_few", "at", "closest", "worst_evicting"):
             rows = e.get(key)
             for r in rows if isinstance(rows, list) else [rows]:
                 if isinstance(r, Mapping) and r.get("budget") is not None and "n_evicting" in r:
@@ -284,8 +288,14 @@ def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any], run_
             notes.append(NOT_COMPARED + f"{label}: not compared: A {wa}, B {wb}; " + why + ".")
             continue
         moved = [f"{k}: {va.get(k, 'not run')} in A, {vb.get(k, 'not run')} in B" for k in keys if va.get(k) != vb.get(k)]
+        if name == "kv" and ka == kb and moved and (why := _kv_unsettled(label, keys, va, vb, sa, sb)):
+            notes.append(SAME + f"{label}: the same verdict: A and B {wa}; {why}.")
+            continue
         said = (f"A and B {wa}" if wa == wb else f"A {wa}, B {wb}") + (
             f" (budget verdicts that differ: {'; '.join(moved)})" if moved else "") + (
             _rounding_flip(run_a, run_b, name) if ka != kb and name == "mlp" else "")  # mlp's p-value verdicts
-        notes.append((SAME + f"{label}: the same verdict: " if ka == kb else f"{label}: ") + said + ".")
+        # review 18c C1: a budget verdict that differs is no "same verdict", whatever the headlines' words
+        head = (SAME + f"{label}: the same verdict: " if ka == kb and not moved else
+                f"{label}: the same headline, but not the same budget verdicts: " if ka == kb else f"{label}: ")
+        notes.append(head + said + ".")
     return notes + (_kv_closest_note(sa, sb) if name == "kv" else [])

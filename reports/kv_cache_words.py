@@ -97,9 +97,13 @@ def _normalised_sentence(key_norm: Mapping[str, Any]) -> str:
             bias = _num(key_norm.get("bias")) or 0.0
             if bias >= 0.005:  # review 17a A1: a bias moves the output by up to its norm either way
                 here[-1] += f", give or take its bias's norm (up to {bias:.2f})"
-    measured = key_norm.get("measured") or []
-    if len(measured) == 2:
-        here.append(f"measured {_span2(*measured)}")
+    measured, keys = key_norm.get("measured") or [], key_norm.get("keys") or []
+    if len(keys) == 2:  # review 18v B1: the keys' own range against the bounds, the means' beside it, each named
+        here.append(f"the cached keys {_span2(*keys)}"
+                    + (f" (their means over prompts per head and position {_span2(*measured)})" if len(measured) == 2
+                       else ""))
+    elif len(measured) == 2:  # an older summary: only the means were recorded
+        here.append(f"mean norms over prompts per head and position {_span2(*measured)}")
     eps = "; smaller only for a key near zero against the norm's epsilon" if here else ""
     where = f" ({'; '.join(here)}{eps})" if here else ""
     return (f"Keys are {how} per head ({name}) before caching, so their norms are set by the norm's weight, not by "
@@ -174,13 +178,22 @@ def _norm_sentence(s: Mapping[str, Any]) -> str:
     lo, hi = min(ratios.values()), max(ratios.values())
     span = f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f} to {hi:.2f}"
     if lo > 1.5:
-        verdict = "the first key's norm stands out in every layer (a sink key)"
+        verdict = f"the first key's norm stands out in {_every(list(ratios), bool(missing or skip))} (a sink key)"
     elif hi > 1.5:
         verdict = f"the first key's norm stands out in layer(s) {', '.join(k for k, v in ratios.items() if v > 1.5)} only"
     else:
         verdict = "the first key's norm does not stand out" + (" (it is smaller)" if hi < 1 else "")
     return (f"The first key's norm is {span} times the other keys' ({which}): {verdict}."
             + (_all_heads_note(key_norm) if all_heads else ""))
+
+
+def _every(layers: list[str], some: bool) -> str:
+    """'every layer', or where some layers are not measured (a sliding window past the first key, a k_norm), the ones
+    that are (review 18d B2: "stands out in every layer" where only the 2 global layers of 4 were measured): 'both
+    layers measured (1, 3)', 'every layer measured (1, 3, 5)'."""
+    if not some:
+        return "every layer"
+    return f"{'both layers' if len(layers) == 2 else 'every layer'} measured ({', '.join(layers)})"
 
 
 STANDS_OUT = 1.5  # a first key whose norm is more than this multiple of the other keys' stands out (a sink key)
@@ -216,7 +229,7 @@ def _norm_interval_sentence(records: Mapping[str, Mapping[str, Any]], skip: set[
     unsure = [k for k in order if lows[k] <= STANDS_OUT < highs[k]]
     rule = f"more than {STANDS_OUT:g}x, its 95% CI above {STANDS_OUT:g}"
     if out and len(out) == len(order):
-        verdict = f"the first key's norm stands out in every layer ({rule}: a sink key)"
+        verdict = f"the first key's norm stands out in {_every(order, bool(missing or skip))} ({rule}: a sink key)"
     elif out:
         verdict = f"the first key's norm stands out in layer(s) {', '.join(out)} only ({rule})"
     elif unsure:

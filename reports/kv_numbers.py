@@ -146,7 +146,42 @@ def _rounding_held(name: str, rows: Sequence[Mapping[str, Any]], s: Mapping[str,
     parts = [f"{r['budget']} (by {r['rounding_miss']:.2g} {unit})" for r in rows]
     return (f"{name.capitalize()} at budget{'s' if len(rows) > 1 else ''} {and_join(parts)}: the 95% interval passes "
             f"the band by less than one {dtype} rounding step of the metric ({rows[0]['rounding_floor']:.2g} {unit}, "
-            "at its largest full-cache value), so rounding alone can put it outside: counted as within.")
+            "at its largest full-cache value), a miss rounding alone can make: counted as within.")
+
+
+def _coarse_why(row: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
+    """Review 18b B1: 'its 95% CI passes the band by 0.036 logits, less than one bfloat16 rounding step of the metric
+    (0.066 logits, 2.9 times the band there, 0.022): cannot tell at this precision' for a row holding.py marks
+    rounding_coarse (a step too large against the band to decide), else ''."""
+    step, miss, band = (_num(row.get(k)) for k in ("rounding_coarse", "rounding_miss", "band"))
+    if step is None or miss is None:
+        return ""
+    unit = row.get("unit") or SHORT_UNITS.get(str((s or {}).get("metric")), "in the metric's units")
+    dtype = (s or {}).get("dtype") or "the model dtype's"
+    size = ""
+    if band:
+        size = (f", {step / band:.2g} times the band there, {band:.2g}" if step > band else
+                f", {100 * step / band:.0f}% of the band there, {band:.2g}")
+    return (f"its 95% CI passes the band by {miss:.2g} {unit}, less than one {dtype} rounding step of the metric "
+            f"({step:.2g} {unit}{size}): cannot tell at this precision")
+
+
+def _coarse_note(name: str, rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any]) -> str:
+    """Review 18b B1: the rows holding.py marks rounding_coarse that no clause states, one sentence each."""
+    return " ".join(f"{name.capitalize()} at budget {r['budget']}: {_coarse_why(r, s)}." for r in rows)
+
+
+def _few_words(rows: Sequence[Mapping[str, Any]], tol: float = TOLERANCE) -> str:
+    """Review 18c A2: '; at budget 32 it evicts from one prompt only (-0.2%, per example ..., n = 1): too few to say,
+    so it neither makes nor breaks the verdict' for holding's too_few rows (fewer than 2 prompts, no interval), else
+    ''."""
+    if not rows:
+        return ""
+    said = "; ".join(f"at budget {r['budget']} it evicts from " + ("one prompt only" if r.get("n_evicting") == 1
+                                                                    else f"{r.get('n_evicting')} prompts only")
+                     + f" ({_flat(r, tol)})" for r in rows)
+    who = "it neither makes nor breaks" if len(rows) == 1 else "they neither make nor break"
+    return f"; {said}: too few to say, so {who} the verdict"
 
 
 def _flat(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:

@@ -14,6 +14,7 @@ from headscope.reports.kv_numbers import (
     TOLERANCE,
     _answers,
     _band,
+    _coarse_why,
     _flat,
     _kept_share,
     _listed,
@@ -153,9 +154,12 @@ def _named_budget(e: Mapping[str, Any]) -> Any:
     return rows[0]["budget"] if rows else None
 
 
-def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float, guess: bool = False) -> str:
+def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float, guess: bool = False,
+               s: Mapping[str, Any] | None = None) -> str:
     """A policy whose mean is within the tolerance from a budget on but whose 95% interval never lies inside
-    it (holding.py's "not shown", chance.inside): consistent with holding, not shown to hold."""
+    it (holding.py's "not shown", chance.inside): consistent with holding, not shown to hold; where its interval
+    passes the band by less than a rounding step too large against the band, cannot tell at this precision (review
+    18b B1, s: the summary, for its dtype)."""
     if not rows:
         return f"{name} not shown"
     first, pct = rows[0], f"{100 * tol:.0f}%"
@@ -169,6 +173,8 @@ def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float, guess: 
         return text + ")"
     if lo is None or hi is None:
         why = "it has no interval (fewer than 2 prompts)"
+    elif _coarse_why(first, s):
+        why = _coarse_why(first, s)
     elif (hi - lo) / (2 * tol) >= 1.5:
         why = f"the interval is {(hi - lo) / (2 * tol):.0f} times as wide as the band"
     else:
@@ -374,14 +380,21 @@ def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: s
     shown = " stays" if all(never_within(p, tol) for p in hold["policies"].values() if isinstance(p, Mapping)
                             and (p.get("closest") is not None or p.get("consistent_from") is not None)) \
         else " is shown to stay"
-    lead = f"No policy{shown} within {100 * tol:.0f}% at a budget that evicts something; {name} comes closest"
+    # review 18c A2: where a budget holds, "at a budget that evicts something" is false: none holds from one on
+    some = any("holds" in (p.get("verdicts") or {}).values() for p in hold["policies"].values() if isinstance(p, Mapping))
+    where = "at every budget from one on that evicts something" if some else "at a budget that evicts something"
+    lead = f"No policy{shown} within {100 * tol:.0f}% {where}; {name} comes closest"
     # review 14b B1: the words follow the 95% interval (chance.clear_of), never "keeps ... within -63.9%"
     side, pct = ("below" if c["change"] < 0 else "above"), f"{100 * tol:.0f}%"
     verdict = clear_of(c.get("ci_low"), c.get("ci_high"), tol)
-    if _num(c.get("ci_low")) is None:
+    if c.get("verdict") == "holds":  # review 18c A2: the words follow the row's verdict
+        how = f"holds within {pct} (its 95% CI inside the band), but not every larger budget that evicts does"
+    elif _num(c.get("ci_low")) is None:
         how = f"lies {side} the full cache on average, on too few prompts for an interval"
     elif abs(c["change"]) <= tol:
-        how = f"is within {pct} on average, but its 95% CI reaches past the band: not shown"
+        coarse = _coarse_why(c, s)
+        how = f"is within {pct} on average, but " + (f"{coarse}: not shown" if coarse else
+                                                     "its 95% CI reaches past the band: not shown")
     elif verdict == "band":
         how = f"lies {side} the full cache by more than {pct}"
     elif verdict == "zero":

@@ -17,6 +17,8 @@ from headscope.reports.kv_numbers import (
     SHORT_UNITS,
     _answers,
     _band,
+    _coarse_note,
+    _few_words,
     _full_value,
     _guess,
     _how_sure,
@@ -92,8 +94,13 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             text = (f"{name} from {e['budget']} positions{lead} ({where}; {kept}; {at['n_evicting']} of "
                     f"{at['n_examples']} prompts evict anything there; {_band(at, tol)}{rounding}{_answers(at, guess)})")
         elif e.get("consistent_from") is not None:
-            text = _not_shown(name, [r for r in e.get("not_shown") or [] if r["budget"] >= e["consistent_from"]], tol,
-                              guess)
+            rows = [r for r in e.get("not_shown") or [] if r["budget"] >= e["consistent_from"]]
+            text = _not_shown(name, rows, tol, guess, s)
+            shown.update(r["budget"] for r in rows[:1])  # its rounding (review 18b B1) said in its clause
+            held = [str(b) for b, v in (e.get("verdicts") or {}).items()
+                    if v == "holds" and int(b) >= e["consistent_from"]]
+            if held:  # review 18c A2: a budget that holds is said as such, not folded into "not shown"
+                text = text[:-1] + f"; it holds at budget(s) {', '.join(held)} (its 95% CI inside the band))"
         elif e.get("worst_evicting") is not None:
             w, c = e["worst_evicting"], e.get("closest")
             shown.add(w["budget"])  # its interval and how sure are said here: not again below (review 15d C6)
@@ -107,8 +114,10 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
                 text += f"closest at budget {c['budget']}: " + ("as above; " if policy == headline else
                                                                 f"{_kept(c, full, tol)}{_band(c, tol)}{_answers(c, guess)}; ")
             text += f"at {w['budget']}, its largest budget that evicts"  # review 15d C6: short; its sign says the side
+            if any(r.get("budget", 0) > w["budget"] for r in e.get("too_few") or []):  # review 18c A2
+                text += " from 2 prompts or more"
             text += f", still more than {100 * tol:.0f}% {how} the full cache" if sure else ""
-            if policy == headline and (c is None or c["budget"] == w["budget"]):  # review 15d C6: the headline said it
+            if policy == headline and (e.get("closest") or {}).get("budget") == w["budget"]:  # review 15d C6: said there
                 text += ": as above"
             else:
                 text += ": " + (_kept(w, full, tol) if c is None or c["budget"] == w["budget"] else "") + \
@@ -131,7 +140,13 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             text += ")"
         else:
             text = f"{name}: no budget on the grid evicts anything"
+        few = [r for r in e.get("too_few") or [] if r.get("budget") not in shown]  # review 18c A2: too few to say
+        if few and text.endswith(")"):
+            text = text[:-1] + _few_words(few, tol) + ")"
         said.append(text)
+        coarse = [r for r in e.get("rounding_coarse") or [] if r.get("budget") not in shown]
+        if coarse:  # review 18b B1: a rounding step too large against the band: cannot tell at this precision
+            notes.append(_coarse_note(name, coarse, s))
         later = [r for r in e.get("rounding_held") or [] if r.get("budget") != (at or {}).get("budget")]
         if later:  # the verdict's own budget says its rounding inside its parenthesis (review 13b C1)
             notes.append(_rounding_held(name, later, s))

@@ -229,14 +229,33 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
         grid = sorted(int(b) for b in table.budget.unique())
         count = table.groupby("budget").n_evicting.max()
         n_all = int(full_rows.example.nunique())
+        grid, hidden = drawn_budgets(grid, count)
         texts = [f"{b}\n{int(count[b])}/{n_all}" for b in grid]
         ticked.set_xticks(grid, texts)
         ticked.xaxis.set_minor_locator(NullLocator())
+        if hidden:  # review 18a C3: budgets above one that evicts nothing cannot evict either: not on the axis
+            line = cap if cap is not None and (pd.isna(whole) or cap < whole) else whole  # the dotted line stays in
+            ticked.set_xlim(min(grid) / 1.25, max([*grid, *([line] if pd.notna(line) else [])]) * 1.25)
         xlabel += "\nunder it: evicted / all prompts"
+        if hidden:
+            xlabel += (f"\nnot drawn: budget(s) {', '.join(map(str, hidden))}, above {grid[-1]}, evict from no prompt "
+                       "(every prompt kept whole)")
         ticked.set_xlabel(xlabel)
         ticked._budget_ticks = (xlabel, texts)  # fit_budget_ticks redoes the thinning at the figure's final layout
         fit_budget_ticks(ticked, layout=new_figure)
     return ax
+
+
+def drawn_budgets(grid: Sequence[int], count: Mapping[int, Any]) -> tuple[list[int], list[int]]:
+    """(the budgets the eviction figure draws, those it leaves out): every budget up to the first from which no budget
+    evicts from any prompt (`count`: each budget's prompts evicted from, its largest over the policies), that one
+    kept, marked 0/n; the larger ones, which evict nothing either (review 18a C3: on a model whose every layer slides
+    over 12 keys, budgets 16, 32 and 38 took 3 of 7 ticks), left out."""
+    grid = sorted(int(b) for b in grid)
+    first = next((i for i in range(len(grid)) if all(int(count[b]) == 0 for b in grid[i:])), None)
+    if first is None:
+        return grid, []
+    return grid[:first + 1], grid[first + 1:]
 
 
 def balanced(parts: list[str]) -> list[str]:
@@ -324,9 +343,13 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
     where = "position in the context (from each prompt's first token)"
     starts = means.groupby("layer").position.min()
     late = starts[starts > 0]  # a sliding-window layer's cache keeps only each prompt's last window
-    if len(late):
-        where += ("\nlayer(s) " + ", ".join(f"{int(k)} from {int(v)}" for k, v in late.items())
-                  + ": a sliding window, the cache holds only each prompt's last positions")
+    if len(late):  # review 18b C4: "layer(s) 0 from 1, 1 from 1" read as a count or a layer
+        by_start: dict[int, list[str]] = {}
+        for k, v in late.items():
+            by_start.setdefault(int(v), []).append(str(int(k)))
+        where += ("\n" + "; ".join(f"layer(s) {', '.join(ks)} from position {v} on" for v, ks in by_start.items())
+                  + ": a sliding window, each prompt's cache holds only its last positions, so an early position is "
+                  "reached only by the prompts short enough to keep it")
     if few.any():
         thin = means[few]
         positions = int_ranges(sorted({int(p) for p in thin.position}))
@@ -528,8 +551,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                 "bounds a key's total over its heads, not one head's norm, so there the lines can still show a sink. "
                 "On multi-head latent attention (DeepSeek) the cache holds one latent per position; the lines are the "
                 "per-head keys expanded from it, as the title says.",
-    "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass (a "
-                "sliding-window layer's counts only the keys inside its window; on an ALiBi model the mass its position "
-                "bias alone gives with every score equal), with its 95% t interval over "
-                "prompts; the finding names the layers that are sinks.",
+    "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass (on an "
+                "ALiBi model the mass its position bias alone gives with every score equal), with its 95% t interval "
+                "over prompts; the finding names the layers that are sinks. On a sliding-window layer both bars average "
+                "only the queries whose window holds the first token (queries 1 to window - 1), each counting only "
+                "the keys inside its window; a global layer's average every query after the first.",
 }

@@ -611,7 +611,7 @@ def _named_experts(s: Mapping[str, Any]) -> str:
             return (f"layer {t['layer']}'s shared expert's neuron {t['expert_neuron']} ({t['task_update_norm']:.3g}, "
                     "on every example)")
         return (f"layer {t['layer']} expert {t['expert']}'s neuron {t['expert_neuron']} ({t['task_update_norm']:.3g}, "
-                f"routed on {t['n_routed']}{of} examples)")
+                f"routed on {t['n_routed']}{of} examples{rounded_count(s, t)})")
 
     text = "The largest mean updates ||m_i v_i|| at the answer are " + and_join([one(t) for t in top]) + "."
     text += routed_words(s, top, of)
@@ -636,7 +636,8 @@ def routed_words(s: Mapping[str, Any], top: list[Mapping[str, Any]], of: str) ->
     cis = [None if ci is None else (max(0.0, ci[0]), ci[1]) for ci in cis]  # a norm is never negative (review 18v B4)
     clipped = any(t.get("ci_clipped") or (ci_pair(t.get("ci")) or (0.0,))[0] < 0 for t in best)
     said = [f"layer {t['layer']} expert {t['expert']}'s neuron {t['expert_neuron']} ({t['task_update_norm_routed']:.3g}"
-            f"{_ci(ci)}, over the {t['n_routed']}{of} examples routed to it)" for t, ci in zip(best, cis)]
+            f"{_ci(ci)}, over the {t['n_routed']}{of} examples routed to it{rounded_count(s, t)})"
+            for t, ci in zip(best, cis)]
     least = _num(s.get("routed_min"))
     among = f" among experts routed on at least {least:.0f}{of} examples" if least is not None else ""
     left = ""
@@ -658,6 +659,21 @@ def routed_words(s: Mapping[str, Any], top: list[Mapping[str, Any]], of: str) ->
             f"{and_join(said)}{', all of one expert' if one else ''}{order}{note}.")
 
 
+def rounded_count(s: Mapping[str, Any], t: Mapping[str, Any]) -> str:
+    """Review 18c B1: ', 8-9 up to bfloat16 rounding' after an expert's routed count where the router's top-k choice at
+    the answer lies within one rounding step on examples where that expert is the last chosen (the count may fall by
+    them) or the next one (it may rise): the summary's routing_near_ties; '' elsewhere."""
+    ties = (s.get("routing_near_ties") or {}).get(str(t.get("layer")))
+    n, expert = _num(t.get("n_routed")), t.get("expert")
+    if not isinstance(ties, list) or n is None or expert is None:
+        return ""
+    down = sum(1 for x in ties if isinstance(x, Mapping) and x.get("chosen") == expert)
+    up = sum(1 for x in ties if isinstance(x, Mapping) and x.get("next") == expert)
+    if not down and not up:
+        return ""
+    return f", {n - down:.0f}-{n + up:.0f} up to {s.get('routing_dtype') or 'the dtype'}'s rounding"
+
+
 def routing_words(s: Mapping[str, Any]) -> str:
     """In half precision, on how many examples the router's top-k choice at the answer position is within one
     rounding step of its logits (the k-th and the next logit at most one step of the dtype apart, as
@@ -675,4 +691,5 @@ def routing_words(s: Mapping[str, Any]) -> str:
     counts = [f"{int(v)}{f' of {n:.0f}' if n else ''} examples at layer {l}" for l, v in near.items()]
     return (f"In {dtype}, the router's {choice} at the answer position is within one rounding step of its logits "
             f"(the last chosen and the next logit at most one step apart) on {and_join(counts)}: a per-expert "
-            "claim there may rest on a choice that rounding made.")
+            "claim there may rest on a choice that rounding made, routed counts included (each count that such a "
+            "choice could move gives its range).")

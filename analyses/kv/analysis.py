@@ -181,7 +181,8 @@ def length_groups(tokens: torch.Tensor, attention_mask: torch.Tensor | None = No
 def kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
     """Mean L2 norm (over the prompts that have the position cached) of each cached key and value:
     layer, kv_head, position (0 = the first real token), kind, norm, n_prompts (how many prompts
-    reach the position: far positions average only the longest prompts). Padding is never a cached entry;
+    reach the position: far positions average only the longest prompts), norm_min / norm_max (the least and
+    largest of those prompts' norms). Padding is never a cached entry;
     a sliding-window layer caches only its last window of positions, so earlier positions have no row."""
     return _kv_norms(model, tokens, attention_mask)[0]
 
@@ -194,6 +195,8 @@ def _kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None =
     holds the first key, a sliding window past it, or holds no other key)."""
     sums: dict[tuple[str, int], torch.Tensor] = {}
     counts: dict[tuple[str, int], torch.Tensor] = {}
+    lows: dict[tuple[str, int], torch.Tensor] = {}  # [kv_head, pos] the least and largest norm over the prompts
+    highs: dict[tuple[str, int], torch.Tensor] = {}
     ratios: list[dict[str, Any]] = []
     prompt = 0
     for group in length_groups(tokens, attention_mask):
@@ -208,17 +211,23 @@ def _kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None =
         prompt += group.shape[0]
         for kind, per_layer in (("key", states.keys), ("value", states.values)):
             for layer, t in enumerate(per_layer):
-                norm = t.float().norm(dim=-1).sum(0).cpu()  # [kv_head, cached]: the last `cached` positions
+                each = t.float().norm(dim=-1).cpu()  # [prompts, kv_head, cached]: the last `cached` positions
+                norm = each.sum(0)  # [kv_head, cached]
                 first = n_pos - norm.shape[1]
-                acc, cnt = sums.get((kind, layer)), counts.get((kind, layer))
+                key = (kind, layer)
+                acc, cnt, lo, hi = sums.get(key), counts.get(key), lows.get(key), highs.get(key)
                 if acc is None or acc.shape[1] < n_pos:
                     grown, grown_cnt = torch.zeros(norm.shape[0], n_pos), torch.zeros(n_pos)
+                    grown_lo, grown_hi = (torch.full((norm.shape[0], n_pos), v) for v in (math.inf, -math.inf))
                     if acc is not None:
                         grown[:, :acc.shape[1]], grown_cnt[:cnt.shape[0]] = acc, cnt
-                    acc, cnt = grown, grown_cnt
+                        grown_lo[:, :lo.shape[1]], grown_hi[:, :hi.shape[1]] = lo, hi
+                    acc, cnt, lo, hi = grown, grown_cnt, grown_lo, grown_hi
                 acc[:, first:n_pos] += norm
                 cnt[first:n_pos] += group.shape[0]
-                sums[(kind, layer)], counts[(kind, layer)] = acc, cnt
+                lo[:, first:n_pos] = torch.minimum(lo[:, first:n_pos], each.amin(0))
+                hi[:, first:n_pos] = torch.maximum(hi[:, first:n_pos], each.amax(0))
+                sums[key], counts[key], lows[key], highs[key] = acc, cnt, lo, hi
     frames = []
     for (kind, layer), acc in sums.items():
         cached = counts[(kind, layer)] > 0  # [pos]
@@ -228,7 +237,10 @@ def _kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None =
         n_prompts = counts[(kind, layer)][positions][None, :].expand_as(norm)  # [kv_head, cached positions]
         frames.append(pd.DataFrame({"layer": layer, "kv_head": h.reshape(-1).numpy(), "position": p.reshape(-1).numpy(),
                                     "kind": kind, "norm": norm.reshape(-1).numpy(),
-                                    "n_prompts": n_prompts.reshape(-1).numpy().astype(int)}))
+                                    "n_prompts": n_prompts.reshape(-1).numpy().astype(int),
+                                    # review 18v B1: the prompts' own least and largest norm beside their mean
+                                    "norm_min": lows[(kind, layer)][:, cached].reshape(-1).numpy(),
+                                    "norm_max": highs[(kind, layer)][:, cached].reshape(-1).numpy()}))
     return pd.concat(frames, ignore_index=True), pd.DataFrame(ratios, columns=["layer", "prompt", "ratio"])
 
 
@@ -313,8 +325,8 @@ def key_norm_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
     """The summary's `key_norm`: how the model normalises its keys before caching (models.key_norm) with
     the range of cached key norms that allows over its normalised layers (`bounds`, per KV head where the
     norm runs per head, else over all KV heads together; `bias`: the largest bias norm, which widens them)
-    and, per head, the range the norms table measured
-    (`measured`: its per-position means); None where no layer normalises its keys."""
+    and, per head, the range the norms table measured (`measured`: its per-position means over the prompts;
+    `keys`: the cached keys' own least and largest norm, review 18v B1); None where no layer normalises its keys."""
     found = {layer: k for layer, k in enumerate(key_norms(model)) if k is not None}
     if not found:
         return None
@@ -331,6 +343,8 @@ def key_norm_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
     keys = norms[(norms.kind == "key") & norms.layer.isin(sorted(found))]
     if first.per_head and len(keys):
         record["measured"] = [float(keys.norm.min()), float(keys.norm.max())]
+        if {"norm_min", "norm_max"} <= set(keys):
+            record["keys"] = [float(keys.norm_min.min()), float(keys.norm_max.max())]
     return record
 
 

@@ -16,8 +16,8 @@ from (paired with their own full-cache value):
   can lie near or below 0, and a share of it flips sign or runs to -1400%);
 - verdict: "holds" where its 95% interval lies inside +-tolerance (chance.inside, the equivalence
   reading), "not shown" where the mean is within the tolerance but its interval reaches beyond it
-  (consistent with holding, too few or too varied prompts to show it) and wherever the budget evicts from fewer
-  than MIN_EVICTING prompts (no interval: it cannot tell, review 14b B3), "above" / "below" where the
+  (consistent with holding, too few or too varied prompts to show it), "too few" wherever the budget evicts from
+  fewer than MIN_EVICTING prompts (no interval: it cannot tell, review 14b B3), "above" / "below" where the
   mean is more than the tolerance off and its interval lies wholly beyond it (chance.clear_of's "band"; two-sided:
   a policy *above* the full cache by more is not "within"), "cannot tell" where the mean is more than the tolerance
   off but its interval reaches into the band (review 14bv B1: [-34.7%, +6.8%] is not "never within"). A mean above
@@ -37,7 +37,9 @@ from (paired with their own full-cache value):
   "yes", 9/16 correct is the guess's).
 
 `holding_budgets` gives per policy the smallest grid budget from which every larger budget that evicts
-anything holds (its interval inside the tolerance), the grid budget just below it (the crossing lies between the two:
+from MIN_EVICTING prompts or more holds (its interval inside the tolerance; a budget of fewer prompts has no interval
+and neither makes nor breaks it, review 18c A2: it is listed in "too_few"), the grid budget just below it (the
+crossing lies between the two:
 a grid's resolution, not a property of the model) and, for sink_window, the budget below which it keeps
 no recent token (n_sink + 1: with n_sink sinks a budget <= n_sink holds sinks only). Whether or not a
 policy holds, it also gives each budget's verdict, the budgets "not shown" (where the policy does not
@@ -60,7 +62,8 @@ from headscope.analyses.core.chance import clear_of, inside, t_half_width
 
 TOLERANCE = 0.01
 MIN_EVICTING = 2  # fewest prompts a budget must evict from for its result to be a policy's closest or answers' start,
-# or a verdict other than "not shown" (one prompt has no interval: review 14b B3)
+# or a verdict other than "too few" (one prompt has no interval: review 14b B3), or to count for a policy's verdict
+FLOOR_SHARE = 0.5  # the rounding allowance makes a verdict only where one step is at most this share of the band
 
 
 def _interval(diff: np.ndarray, scale: float) -> list[float] | None:
@@ -175,16 +178,19 @@ def no_effect(table: pd.DataFrame) -> list[dict[str, Any]]:
 def _verdict(row: dict[str, Any], tolerance: float, floor: float = 0.0) -> str:
     """"holds" (95% interval inside +-tolerance), "not shown" (mean within, interval not), "above", "below" (the
     interval wholly beyond +-tolerance: chance.clear_of's "band"), "cannot tell" (mean beyond, interval reaching into
-    the band: review 14bv B1, [-34.7%, +6.8%] is no evidence of "never within").
+    the band: review 14bv B1, [-34.7%, +6.8%] is no evidence of "never within"), "too few" (fewer than MIN_EVICTING
+    prompts evicted: no interval, review 14b B3; such a row neither makes nor breaks a policy's verdict, review 18c A2).
     floor: one rounding step of the metric in its own units (0: none). An interval whose end passes the band by no
-    more than that holds: the miss is the metric's rounding (review 12b A7: bfloat16's budget 16 missed +1% by
-    0.06% of a logit difference of 7.6, 0.005 logits, where one step is 0.06); the row gets `rounding_miss` (the
-    miss in the metric's units) and `rounding_floor`."""
+    more than that holds where the step is small against the band (at most FLOOR_SHARE of it: the miss is the metric's
+    rounding, review 12b A7); the row gets `rounding_miss` (the miss in the metric's units) and `rounding_floor`.
+    Where the step is larger (review 18b B1: 0.066 logits against a band of 0.022; in bfloat16 one step is 0.78% of
+    the value, so at a 1% band it always is), rounding cannot make the verdict: "not shown", the row marked
+    `rounding_coarse` (the step) with its `rounding_miss`: cannot tell at this precision."""
     change = row["change"]
     if change is None:
         return "no value"
     if (row.get("n_evicting") or 0) < MIN_EVICTING:  # review 14b B3: one prompt, no interval: cannot tell either way
-        return "not shown"
+        return "too few"
     if abs(change) > tolerance:  # review 14bv B1: outside only where the 95% interval clears the band (clear_of)
         if clear_of(row.get("ci_low"), row.get("ci_high"), tolerance) == "band":
             return "above" if change > 0 else "below"
@@ -194,9 +200,11 @@ def _verdict(row: dict[str, Any], tolerance: float, floor: float = 0.0) -> str:
     lo, hi, scale = row.get("ci_low"), row.get("ci_high"), row.get("scale")
     if floor > 0 and lo is not None and hi is not None and scale is not None and math.isfinite(lo) and math.isfinite(hi):
         miss = max(hi - tolerance, -tolerance - lo, 0.0) * scale  # how far the interval passes the band, in units
-        if miss <= floor:
+        if miss <= floor and floor <= FLOOR_SHARE * tolerance * scale:
             row.update(rounding_miss=miss, rounding_floor=floor)
             return "holds"
+        if miss <= floor:  # review 18b B1: an allowance as large as the band would make the verdict, not the data
+            row.update(rounding_miss=miss, rounding_coarse=floor)
     return "not shown"
 
 
@@ -214,7 +222,10 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
     but whose interval is not), "cannot_tell" (the rows whose mean is off but whose interval reaches into the
     band), "missed" / "every_evicting_missed" (the budgets whose interval lies wholly outside the band, and whether
     every evicting budget's does; "missed_rows" their rows),
-    "rounding_held" (the rows that hold only by the rounding floor),
+    "rounding_held" (the rows that hold only by the rounding floor), "rounding_coarse" (the rows "not shown" whose
+    interval passes the band by less than a floor too large against the band to decide: cannot tell at this
+    precision, review 18b B1), "too_few" (the rows of fewer than MIN_EVICTING prompts, which every verdict above
+    leaves out: review 18c A2),
     "consistent_from" (when it does not hold but its means are within from a budget on, each over
     MIN_EVICTING prompts or more: that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, "no_effect"
     (no_effect's rows, where any), and with answers ([example] token ids) its
@@ -248,11 +259,12 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
             r["verdict"] = _verdict(r, tolerance, floor)
             if r.get("scale") is not None:
                 r["band"] = tolerance * r["scale"]
-        within = np.array([r["verdict"] == "holds" for r in records], dtype=bool)
-        # review 17b A3: a row of fewer than MIN_EVICTING prompts has no interval: "not shown" whatever its mean, never
-        # "within" nor consistent (a one-prompt -78% made heavy hitters' "means within from 16")
-        mean_within = np.array([r["verdict"] == "holds" or (r["verdict"] == "not shown" and r["n_evicting"] >= MIN_EVICTING)
-                                for r in records], dtype=bool)
+        # review 18c A2: a row of fewer than MIN_EVICTING prompts (no interval) neither makes nor breaks the verdict
+        # (budget 32 evicting from one prompt made "holds from 16" "not shown"; review 17b A3: nor "consistent"): the
+        # verdict reads the counted rows, the others are listed apart ("too_few") and said as too few to tell
+        counted = [r for r in records if r["n_evicting"] >= MIN_EVICTING]
+        within = np.array([r["verdict"] == "holds" for r in counted], dtype=bool)
+        mean_within = np.array([r["verdict"] in ("holds", "not shown") for r in counted], dtype=bool)
         entry: dict[str, Any] = {"budget": None, "below": None, "at": None, "worst_evicting": None,
                                  "above": [{**r, "clear_of": clear_of(r["ci_low"], r["ci_high"], tolerance)}
                                            for r in records if r["change"] > tolerance
@@ -260,17 +272,21 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
         # the smallest index from which every larger evicting budget holds
         first = next((i for i in range(len(within)) if within[i:].all()), None)
         if first is not None:
-            entry.update(budget=records[first]["budget"], at=records[first],
-                         below=records[first - 1]["budget"] if first > 0 else None)
-        elif records and mean_within[-1]:  # within on average from a budget on, never shown by the interval
-            start = next(i for i in range(len(records)) if mean_within[i:].all())
-            entry["consistent_from"] = records[start]["budget"]
-        elif records:  # the largest evicting budget's mean off the band, or on too few prompts for an interval
+            entry.update(budget=counted[first]["budget"], at=counted[first],
+                         below=counted[first - 1]["budget"] if first > 0 else None)
+        elif counted and mean_within[-1]:  # within on average from a budget on, never shown by the interval
+            start = next(i for i in range(len(counted)) if mean_within[i:].all())
+            entry["consistent_from"] = counted[start]["budget"]
+        elif counted:  # the largest counted budget's mean off the band
+            entry["worst_evicting"] = counted[-1]
+        elif records:  # only budgets of too few prompts: the largest of them, with no interval
             entry["worst_evicting"] = records[-1]
+        entry["too_few"] = [r for r in records if r["verdict"] == "too few"]
         entry["verdicts"] = {str(r["budget"]): r["verdict"] for r in records}
         entry["not_shown"] = [r for r in records if r["verdict"] == "not shown"]
         entry["cannot_tell"] = [r for r in records if r["verdict"] == "cannot tell"]  # mean off, interval in the band
-        entry["rounding_held"] = [r for r in records if r.get("rounding_miss") is not None]  # holds by _verdict's floor
+        entry["rounding_held"] = [r for r in records if r.get("rounding_floor") is not None]  # holds by _verdict's floor
+        entry["rounding_coarse"] = [r for r in records if r.get("rounding_coarse") is not None]  # review 18b B1
         sizes = [abs(r["change"]) for r in records if r["change"] is not None]
         if sizes:  # closest among budgets that evict from MIN_EVICTING prompts or more where any do (review 10a A4:
             # "keeps 99.8% ... from budget 64" rested on the one prompt long enough to be evicted there)
@@ -279,14 +295,14 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
                                    key=lambda r: abs(r["change"]))
             out_of = [r for r in records if r["verdict"] in ("above", "below")]  # (a 1-prompt budget: cannot tell)
             entry["missed"] = [r["budget"] for r in out_of]  # the evicting budgets whose interval clears the band
-            entry["every_evicting_missed"] = len(out_of) == len(records)
+            entry["every_evicting_missed"] = bool(counted) and len(out_of) == len(counted)
             if out_of:
                 entry["misses"] = [min(abs(r["change"]) for r in out_of), max(abs(r["change"]) for r in out_of)]
                 # review 15d B2: the same in the metric's units (a share of a small, uncertain mean reads too precise)
                 entry["misses_diff"] = [min(abs(r["diff"]) for r in out_of), max(abs(r["diff"]) for r in out_of)]
                 entry["missed_rows"] = out_of  # review 15d B2: each fall with its n and interval
-            entry["monotone"] = all(b <= a + 1e-12 for a, b in zip(sizes, sizes[1:]))
-        counted = [r for r in records if r["n_evicting"] >= MIN_EVICTING]  # (a 1-prompt budget keeps nothing said)
+            steady = [abs(r["change"]) for r in counted if r["change"] is not None]  # (a 1-prompt row says nothing)
+            entry["monotone"] = all(b <= a + 1e-12 for a, b in zip(steady, steady[1:]))
         kept = [r.get("lost") == 0 for r in counted]  # review 14b A1: per prompt, not the counts
         if kept and "correct" in rows:  # the smallest budget from which every evicting budget loses no answer
             entry["answers_from"] = next((counted[i]["budget"] for i in range(len(kept)) if all(kept[i:])), None)

@@ -381,7 +381,8 @@ def routing_margins(model, task: Task, layers: Sequence[int],
     """In half precision (bfloat16, float16), how close each MoE layer's top-k router choice at each example's answer
     position is to rounding: the margin between the k-th and the (k+1)-th router logit, in steps of the dtype at the
     larger of the two (eps * 2^floor(log2 |x|)). Returns {"routing_dtype", "routing_within_rounding" {layer: examples
-    whose margin is at most one step}, "routing_margin_steps_min" {layer: the least margin, in steps}}; empty in
+    whose margin is at most one step}, "routing_margin_steps_min" {layer: the least margin, in steps},
+    "routing_near_ties" {layer: [{"example", "chosen": the k-th expert, "next": the (k+1)-th}] of those examples}}; empty in
     float32 or without MoE layers (a per-expert claim rests on these choices: review 11c C2). acts: `router_sites`
     at each row's answer position where the caller captured them (_answer_activations); None: captured here."""
     dtype = model.dtype
@@ -391,18 +392,21 @@ def routing_margins(model, task: Task, layers: Sequence[int],
     names = router_sites(model, layers)
     if acts is None:
         acts = _answer_activations(model, task, names)  # {site: [batch, experts]}: dtype values, exact in float32
-    within, least = {}, {}
+    within, least, ties = {}, {}, {}
     for layer, name in zip(moe, names):
         k = hooks.expert_layout(model, layer).top_k
-        ranked = acts[name].sort(-1, descending=True).values  # [batch, experts]
+        ranked, order = acts[name].sort(-1, descending=True)  # [batch, experts] logits and the experts they belong to
         last, nxt = ranked[:, k - 1], ranked[:, k]  # [batch] the last chosen logit and the next one
         _, exponent = torch.frexp(torch.maximum(last.abs(), nxt.abs()))  # |x| = m 2^e, m in [0.5, 1)
         step = torch.finfo(dtype).eps * torch.pow(2.0, (exponent - 1).float())  # [batch] one step of the dtype there
         margin = (last - nxt) / step  # [batch] in steps
         within[str(layer)] = int((margin <= 1).sum())
         least[str(layer)] = float(margin.min())
+        # review 18c B1: which experts each such choice could swap, so a routed count can say how far it may move
+        ties[str(layer)] = [{"example": i, "chosen": int(order[i, k - 1]), "next": int(order[i, k])}
+                            for i in (margin <= 1).nonzero().reshape(-1).tolist()]
     return {"routing_dtype": str(dtype).removeprefix("torch."), "routing_within_rounding": within,
-            "routing_margin_steps_min": least}
+            "routing_margin_steps_min": least, "routing_near_ties": ties}
 
 
 def _against_wrong(updates: pd.DataFrame) -> dict[str, int | None]:

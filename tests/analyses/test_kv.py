@@ -297,14 +297,15 @@ def test_holding_needs_the_interval_inside_the_band():
     assert (sink["not_shown"][0]["ci_low"], sink["not_shown"][0]["ci_high"]) == pytest.approx((wide.low / 100, wide.high / 100))
 
 
-def test_a_one_prompt_budget_is_neither_within_nor_consistent():
+def test_a_one_prompt_budget_neither_makes_nor_breaks_a_verdict():
     """Review 17b A3: heavy hitters at budget 16 lost 78.4% (-10.7 logits) on the one prompt long enough to be evicted
-    there, yet kv's summary said consistent_from 16 and compare "its means within from 16": a one-prompt row is "not
-    shown" (no interval) whatever its mean, and that counted as "mean within". Here 4 prompts of contexts 8, 20, 20,
-    40, full cache 10 on each: at 4 every policy falls to 5 (below); at 16 (3 prompts, 20, 20, 40) heavy hitters and
-    sink window change by +0.3, -0.3, 0 (mean 0, t interval +-4.303 x 0.3 / sqrt(3) = 0.745 logits, 7.5% > 1%: not
-    shown); at 32 only the 40-token prompt evicts: heavy hitters 2.16 ((2.16 - 10) / 10 = -78.4%), sink window 10.04
-    (+0.4%, within on its one prompt). Neither is consistent from 16: each largest budget is its worst_evicting row."""
+    there, yet kv's summary counted that row "within" (consistent_from 16). Review 18c A2: the reverse, budget 32
+    evicting from one prompt made "holds from 16 (n = 8)" "not shown". A row of one prompt has no interval: "too few",
+    said as such, and the verdict rests on the other rows. Here 4 prompts of contexts 8, 20, 20, 40, full cache 10 on
+    each: at 4 every policy falls to 5 (below); at 16 (3 prompts, 20, 20, 40) heavy hitters and sink window change by
+    +0.3, -0.3, 0 (mean 0, t interval +-4.303 x 0.3 / sqrt(3) = 0.745 logits, 7.5% > 1%: not shown); at 32 only the
+    40-token prompt evicts: heavy hitters 2.16 ((2.16 - 10) / 10 = -78.4%), sink window 10.04 (+0.4%). Both are
+    consistent (means within) from 16 on the rows of 3 prompts, 32 said apart as too few, in the finding and compare."""
     import pandas as pd
 
     from headscope.analyses.kv.holding import holding_budgets
@@ -323,52 +324,68 @@ def test_a_one_prompt_budget_is_neither_within_nor_consistent():
     hold = holding_budgets(pd.DataFrame(rows), n_sink=4)
     for p, change in (("heavy_hitters", -0.784), ("sink_window", 0.004)):
         e = hold["policies"][p]
-        assert e["verdicts"] == {"4": "below", "16": "not shown", "32": "not shown"}
+        assert e["verdicts"] == {"4": "below", "16": "not shown", "32": "too few"}
         [at16] = [r for r in e["not_shown"] if r["budget"] == 16]
         assert at16["n_evicting"] == 3 and at16["ci_high"] == pytest.approx(4.302653 * 0.3 / 3 ** 0.5 / 10, rel=1e-5)
-        assert e.get("consistent_from") is None and e["budget"] is None
-        w = e["worst_evicting"]
-        assert (w["budget"], w["n_evicting"], w["ci_low"]) == (32, 1, None) and w["change"] == pytest.approx(change)
+        assert e.get("consistent_from") == 16 and e["budget"] is None and e["worst_evicting"] is None
+        [few] = e["too_few"]
+        assert (few["budget"], few["n_evicting"], few["ci_low"]) == (32, 1, None) and few["change"] == pytest.approx(change)
         s = {"metric": "logit_diff", "metric_unevicted": 10.0, "holding_budgets": hold}
-        assert _holding_words(e, s) == "not shown either way"
+        assert _holding_words(e, s) == ("not shown to hold (its means within 1% from budget 16 on; budget(s) 32: too few "
+                                        "prompts evicted to say)")
     text = finding({"metric": "logit_diff", "metric_unevicted": 10.0, "n_sink": 4, "holding_budgets": hold})
-    assert "at 32, its largest budget that evicts: -78.4% (per example -7.84 to -7.84 logits, n = 1); " \
-        "one prompt, no interval: too few to call it within or outside 1%" in text, text
-    assert "consistent with holding" not in text
+    assert ("heavy hitters not shown to hold (at 16: +0.0%, 95% CI [-7.5%, +7.5%], per example -0.300 to +0.300 logits, "
+            "n = 3: consistent with holding within 1%, but the interval is 7 times as wide as the band; at budget 32 it "
+            "evicts from one prompt only (-78.4%, per example -7.84 to -7.84 logits, n = 1): too few to say, so it "
+            "neither makes nor breaks the verdict)") in text, text
 
 
 def test_holding_allows_the_metrics_rounding_floor_past_the_band():
-    """Review 12b A7: in bfloat16 a budget "not shown" only because its interval passes +1% by less than one rounding
-    step of the metric holds (its miss said), so a policy holds from 8, not 32. By hand: full metric 8 (bfloat16
-    step 2^-7 x 8 = 0.0625); per-prompt differences of 0 or one step (0, 0, +0.0625, +0.0625) at budget 16: mean
-    0.03125, 95% t interval (scipy) passes +0.08 (1% of 8) by 0.008; budget 4's mean -0.1875 is below the band."""
+    """Review 12b A7: a budget "not shown" only because its interval passes +1% by less than one rounding step of the
+    metric holds (its miss said), where that step is small against the band. Review 18b B1: where it is not (bfloat16:
+    one step, 2^-7 of the value, is 78% of a 1% band), the allowance would make the verdict: "not shown", cannot tell
+    at this precision. By hand: full metric 8, band 0.08; per-prompt differences 0.064, 0.066, 0.078, 0.080 at budget
+    16: mean 0.072, 95% t interval (scipy) passes +0.08 by 0.005 logits; float16's step 2^-10 x 8 = 0.0078 (under
+    half the band) covers it; bfloat16's 2^-7 x 8 = 0.0625 also covers it, but is more than half the band."""
     import pandas as pd
     from scipy import stats
 
     from headscope.analyses.kv.holding import holding_budgets
     from headscope.reports.findings import finding
 
-    diffs = {16: [0.0, 0.0, 0.0625, 0.0625], 4: [0.25, -0.25, -0.25, -0.5]}
+    diffs = {16: [0.064, 0.066, 0.078, 0.080], 4: [0.25, -0.25, -0.25, -0.5]}
     rows = [{"policy": "full", "budget": 30, "example": e, "context": 30, "metric": 8.0} for e in range(4)]
     rows += [{"policy": "heavy_hitters", "budget": b, "example": e, "context": 30, "metric": 8.0 + d[e] if d else 8.0}
              for b, d in ((4, diffs[4]), (8, None), (16, diffs[16]), (24, None)) for e in range(4)]
     ci16 = stats.ttest_1samp(diffs[16], 0.0).confidence_interval(0.95)
     miss = ci16.high - 0.08
-    assert 0 < miss < 0.0625 and sum(diffs[4]) / 4 < -0.08  # the premise, in logits
+    half, f16, bf16 = 0.04, 2.0 ** -10 * 8, 2.0 ** -7 * 8
+    assert 0 < miss < f16 < half < bf16 and sum(diffs[4]) / 4 < -0.08  # the premise, in logits
     sweep = pd.DataFrame(rows)
     plain = holding_budgets(sweep, n_sink=1)["policies"]["heavy_hitters"]  # no floor: the old reading, from 24
     assert plain["verdicts"]["16"] == "not shown" and plain["budget"] == 24
-    hold = holding_budgets(sweep, n_sink=1, floor=2.0 ** -7 * 8)
+    hold = holding_budgets(sweep, n_sink=1, floor=f16)
     e = hold["policies"]["heavy_hitters"]
     ci4 = stats.ttest_1samp(diffs[4], 0.0).confidence_interval(0.95)  # reaches 0: below on average, cannot tell
     assert ci4.high > 0 and (e["budget"], e["verdicts"]["16"], e["verdicts"]["4"]) == (8, "holds", "cannot tell")
-    assert e["rounding_held"][0]["rounding_miss"] == pytest.approx(miss) and hold["rounding_floor"] == 0.0625
-    text = finding("kv", {"metric": "logit_diff", "metric_unevicted": 8.0, "n_examples": 4, "dtype": "bfloat16",
+    assert e["rounding_held"][0]["rounding_miss"] == pytest.approx(miss) and hold["rounding_floor"] == f16
+    text = finding("kv", {"metric": "logit_diff", "metric_unevicted": 8.0, "n_examples": 4, "dtype": "float16",
                           "holding_budgets": hold})
     assert "heavy hitters from 8 positions" in text, text
-    assert (f"Heavy hitters at budget 16 (by {miss:.2g} logits): the 95% interval passes the band by less than one bfloat16 "
-            "rounding step of the metric (0.062 logits, at its largest full-cache value), so rounding alone can put it "
-            "outside: counted as within.") in text, text
+    assert (f"Heavy hitters at budget 16 (by {miss:.2g} logits): the 95% interval passes the band by less than one float16 "
+            "rounding step of the metric (0.0078 logits, at its largest full-cache value), a miss rounding alone can "
+            "make: counted as within.") in text, text
+
+    # review 18b B1: bfloat16's step, 0.0625, is 78% of the band: the allowance cannot make the verdict
+    coarse = holding_budgets(sweep, n_sink=1, floor=bf16)["policies"]["heavy_hitters"]
+    assert (coarse["budget"], coarse["verdicts"]["16"], coarse["rounding_held"]) == (24, "not shown", [])
+    [row] = coarse["rounding_coarse"]
+    assert (row["budget"], row["rounding_coarse"], row["rounding_miss"]) == (16, bf16, pytest.approx(miss))
+    text = finding("kv", {"metric": "logit_diff", "metric_unevicted": 8.0, "n_examples": 4, "dtype": "bfloat16",
+                          "holding_budgets": holding_budgets(sweep, n_sink=1, floor=bf16)})
+    assert "heavy hitters from 24 positions" in text and "counted as within" not in text, text
+    assert (f"Heavy hitters at budget 16: its 95% CI passes the band by {miss:.2g} logits, less than one bfloat16 rounding "
+            "step of the metric (0.062 logits, 78% of the band there, 0.08): cannot tell at this precision.") in text, text
 
     # review 13b C1: where the verdict's own budget holds by rounding, its sentence leads with it (the criterion
     # names the allowance, the reason sits inside the verdict's parenthesis), and compare's flip says why
@@ -379,19 +396,19 @@ def test_holding_allows_the_metrics_rounding_floor_past_the_band():
         for b, d in ((4, diffs[4]), (8, diffs[16]), (24, None)) for e in range(4)]
     a = {"metric": "logit_diff", "metric_unevicted": 8.0, "n_examples": 4, "dtype": "float32",
          "holding_budgets": holding_budgets(pd.DataFrame(rows), n_sink=1)}  # float32: no floor, not shown at 8
-    b = {**a, "dtype": "bfloat16", "holding_budgets": holding_budgets(pd.DataFrame(rows), n_sink=1, floor=2.0 ** -7 * 8)}
+    b = {**a, "dtype": "float16", "holding_budgets": holding_budgets(pd.DataFrame(rows), n_sink=1, floor=f16)}
     text = finding("kv", b)
-    assert ("Within 1% of it (its 95% CI inside +-1%, or past it by less than one bfloat16 rounding step of the metric, "
+    assert ("Within 1% of it (its 95% CI inside +-1%, or past it by less than one float16 rounding step of the metric, "
             "over the prompts") in text, text
-    assert "heavy hitters from 8 positions, within 1% up to bfloat16 rounding (between 4 and 8 on this grid" in text, text
-    assert (f"n = 4); its 95% CI passes the band by {miss:.2g} logits, less than one rounding step of the metric (0.062 "
+    assert "heavy hitters from 8 positions, within 1% up to float16 rounding (between 4 and 8 on this grid" in text, text
+    assert (f"n = 4); its 95% CI passes the band by {miss:.2g} logits, less than one rounding step of the metric (0.0078 "
             "logits))") in text, text
     assert "counted as within" not in text  # said once, in the verdict
     [note] = _verdict_notes("kv", a, b)
     assert note == ("kv heavy hitters within 1% of the full cache: A from 24 positions (a median 80% of the cache), B from "
-                    "8 positions (a median 27% of the cache; within the band up to bfloat16 rounding: its 95% CI passes "
-                    f"the band by {miss:.2g} logits, less than one rounding step (0.062)) (budget verdicts that differ: 8: "
-                    "not shown in A, holds up to bfloat16 rounding in B)."), note
+                    "8 positions (a median 27% of the cache; within the band up to float16 rounding: its 95% CI passes "
+                    f"the band by {miss:.2g} logits, less than one rounding step (0.0078)) (budget verdicts that differ: 8: "
+                    "not shown in A, holds up to float16 rounding in B)."), note
 
 
 def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_share(arch_models, hf_of):
@@ -440,7 +457,7 @@ def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_shar
             "33.8 KiB at full context (128 positions)") in text
     assert "against 64.0 KiB if every layer were global" in text
     assert "(layer(s) 1; layer(s) 0 no longer cache the first key (sliding window))" in text
-    assert "layer(s) 0 from 5: a sliding window" in plot_norms(norms).get_xlabel()
+    assert "layer(s) 0 from position 5 on: a sliding window" in " ".join(plot_norms(norms).get_xlabel().split())
     records = [{"layer": 0, "mass": 0.3, "uniform": 0.2, "ratio": 1.5, "n": 2}]
     assert "on sliding-window layer 0 over the queries whose window holds the first token" in finding(
         {**summary, "sinks": records, "task": "kv"})
@@ -566,6 +583,9 @@ def test_keys_normalised_on_qwen3_are_said_and_bounded_by_hf_k_norm(tmp_path):
     assert key_norm["bounds"] == pytest.approx([4 * lo, 4 * hi], rel=1e-5)
     means = torch.stack(per_layer).mean(1)  # [layer, pos, kv_head]: what the norms table averages over prompts
     assert key_norm["measured"] == pytest.approx([float(means.min()), float(means.max())], abs=1e-5)
+    each = torch.stack(per_layer)  # [layer, batch, pos, kv_head]: review 18v B1, the keys' own range
+    assert key_norm["keys"] == pytest.approx([float(each.min()), float(each.max())], abs=1e-5)
+    assert float(each.min()) < float(means.min()) <= float(means.max()) <= float(each.max())  # the premise: wider
     table = result.tables["norms"]
     keys = table[table.kind == "key"].sort_values(["layer", "position", "kv_head"]).norm.to_numpy()
     assert np.abs(keys - means.reshape(-1).numpy()).max() < 1e-5  # the cache's keys after RoPE: the same norms
@@ -573,8 +593,9 @@ def test_keys_normalised_on_qwen3_are_said_and_bounded_by_hf_k_norm(tmp_path):
 
     text = finding(s)
     assert (f"Keys are RMS-normalised per head (k_norm) before caching, so their norms are set by the norm's weight, "
-            f"not by the key's input (here {4 * lo:.2f}-{4 * hi:.2f}: sqrt(16) x its |weight| {lo:.2f}-{hi:.2f}; measured "
-            f"{float(means.min()):.2f}-{float(means.max()):.2f}; smaller only for a key near zero against the norm's "
+            f"not by the key's input (here {4 * lo:.2f}-{4 * hi:.2f}: sqrt(16) x its |weight| {lo:.2f}-{hi:.2f}; the cached "
+            f"keys {float(each.min()):.2f}-{float(each.max()):.2f} (their means over prompts per head and position "
+            f"{float(means.min()):.2f}-{float(means.max()):.2f}); smaller only for a key near zero against the norm's "
             "epsilon), and the first key's norm cannot mark a sink: not reported.") in text
     assert "The first key's norm is" not in text
     import matplotlib.pyplot as plt
@@ -606,7 +627,7 @@ def test_a_policys_closest_budget_and_answers_rest_on_more_than_one_evicted_prom
     heavy = holding_budgets(pd.DataFrame(rows), n_sink=4)["policies"]["heavy_hitters"]
     assert heavy["closest"]["budget"] == 32 and heavy["closest"]["n_evicting"] == 3  # not 64's lone prompt
     assert heavy["closest"]["change"] == pytest.approx((6 + 8 + 7) / 3 / 10 - 1)
-    assert heavy["verdicts"]["64"] == "not shown"  # its one prompt's -0.2% has no interval
+    assert heavy["verdicts"]["64"] == "too few"  # its one prompt's -0.2% has no interval
     assert heavy["answers_from"] == 32  # every answer kept from 32 (its 3 prompts), not "from 64" on one
 
 

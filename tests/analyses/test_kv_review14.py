@@ -94,20 +94,26 @@ def test_kv_log_probability_band_is_a_share_of_the_span_from_chance_and_the_word
 
 def test_kv_a_budget_that_evicts_from_one_prompt_cannot_tell():
     """Review 14b B3: bfloat16's "window never (at its largest budget that evicts, 32, its mean is still more than 1%
-    above ...: +2.0% (... n = 1)" rested on one prompt. Here budget 32 evicts from one prompt (+2%): not "never" but
-    "not shown either way" (review 17b A3: nor "consistent"); budgets 4 and 8 (every prompt, -10%) are below."""
+    above ...: +2.0% (... n = 1)" rested on one prompt. Here budget 32 evicts from one prompt (+2%): "too few", said
+    as such; review 18c A2: it neither makes nor breaks the verdict, which budgets 4 and 8 (every prompt, -10%, below)
+    set: not within from any budget on, and not "never" (32 cannot tell)."""
     full = [10.0] * 4
     sweep = _sweep(full, {4: [9.0] * 4, 8: [9.0, 9.1, 8.9, 9.0], 32: [10.2, 0, 0, 0]}, contexts=[40, 20, 20, 20])
     window = holding_budgets(sweep, n_sink=4)["policies"]["window"]
-    assert window["verdicts"] == {"4": "below", "8": "below", "32": "not shown"}
+    assert window["verdicts"] == {"4": "below", "8": "below", "32": "too few"}
     assert window["missed"] == [4, 8] and window.get("consistent_from") is None  # review 17b A3: n = 1 is not within
-    assert (window["worst_evicting"]["budget"], window["worst_evicting"]["n_evicting"]) == (32, 1)
+    assert (window["worst_evicting"]["budget"], window["worst_evicting"]["n_evicting"]) == (8, 4)
+    assert [(r["budget"], r["n_evicting"]) for r in window["too_few"]] == [(32, 1)]
     text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0,
                           "holding_budgets": holding_budgets(sweep, n_sink=4)})
     assert "window never" not in text
-    assert ("window not shown either way (closest at budget 4: as above; at 32, its largest budget that evicts: +2.0% "
-            "(per example +0.200 to +0.200 logits, n = 1); one prompt, no interval: too few to call it within or outside "
-            "1%; on average it falls 1.00 logits below the full cache at budget 4") in text, text
+    assert ("window not within from any budget on (at 8, its largest budget that evicts from 2 prompts or more, still "
+            "more than 1% below the full cache: keeps 90.0% of the full-cache value, -10.0% (95% CI [-11.3%, -8.7%], per "
+            "example -1.10 to -0.90 logits, n = 4); on average it falls 1.00 logits below the full cache at budget 4 (95% "
+            "CI [-1.00, -1.00], n = 4); at budget 32 it evicts from one prompt only (+2.0%, per example +0.200 to +0.200 "
+            "logits, n = 1): too few to say, so it neither makes nor breaks the verdict)") in text, text
+    ci8 = stats.ttest_1samp([-1.0, -0.9, -1.1, -1.0], 0.0).confidence_interval(0.95)  # budget 8's, by hand, in %
+    assert (f"{10 * ci8.low:.1f}%", f"{10 * ci8.high:.1f}%") == ("-11.3%", "-8.7%")
 
 
 def test_kv_at_chance_states_the_full_cache_value_once():

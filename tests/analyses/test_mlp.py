@@ -381,6 +381,12 @@ def test_bfloat16_routing_margins_at_the_answer_are_counted_in_rounding_steps(mi
     assert s["routing_dtype"] == "bfloat16" and set(s["routing_within_rounding"]) == {"1"}  # layer 0 is dense
     assert s["routing_within_rounding"]["1"] == sum(m <= 1 for m in steps)
     assert s["routing_margin_steps_min"]["1"] == pytest.approx(min(steps), abs=2)  # bridge and HF may round apart
+    # review 18c B1: each near tie names the two experts it could swap, HF's 2nd and 3rd at that example
+    order = seen["logits"].reshape(8, 7, -1)[:, -1].float().sort(-1, descending=True).indices  # [batch, experts]
+    ties = s["routing_near_ties"]["1"]
+    assert len(ties) == s["routing_within_rounding"]["1"]
+    for tie in ties:
+        assert {tie["chosen"], tie["next"]} <= set(order[tie["example"], :3].tolist()), (tie, order[tie["example"]])
     assert mlp.routing_margins(hs.load_model(mixed_moe_dir, device="cpu"), task, layers=(0, 1)) == {}  # float32
 
 

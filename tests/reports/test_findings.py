@@ -1700,14 +1700,16 @@ def test_kv_normalised_keys_are_not_read_as_a_sink():
             "measured": [4.09, 4.98]}
     text = finding("kv", {**ratios, "keys_normalised": True, "key_norm": qwen})
     assert ("Keys are RMS-normalised per head (k_norm) before caching, so their norms are set by the norm's weight, not "
-            "by the key's input (here 3.86-5.71: sqrt(16) x its |weight| 0.96-1.43; measured 4.09-4.98; smaller only for "
-            "a key near zero against the norm's epsilon), and the first key's norm cannot mark a sink: not reported.") in text
+            "by the key's input (here 3.86-5.71: sqrt(16) x its |weight| 0.96-1.43; mean norms over prompts per head and "
+            "position 4.09-4.98; smaller only for a key near zero against the norm's epsilon), and the first key's norm "
+            "cannot mark a sink: not reported.") in text  # review 18v B1: an older summary's means, named as such
     assert "times the other keys'" not in text and "stands out" not in text
     gemma = finding("kv", {**ratios, "keys_normalised": True, "key_norm": {**qwen, "kind": "Gemma3RMSNorm"}})
     assert "sqrt(16) x its gain |1 + weight| 0.96-1.43;" in gemma  # review 11b C4: Gemma stores weight - 1
     some = finding("kv", {**ratios, "keys_normalised": False, "key_norm": {**olmo, "per_head": True, "layers": [0]}})
     assert ("The first key's norm is 2.40 times the other keys' (layer(s) 1; layer(s) 0 normalise their keys (k_norm) "
-            "before caching, so their norms are fixed: not reported): the first key's norm stands out in every layer") in some
+            "before caching, so their norms are fixed: not reported): the first key's norm stands out in every layer "
+            "measured (1)") in some  # review 18d B2: layer 0 is not measured
     assert "The y axis starts at 0" in caption("kv_norms") and "not a sink" in caption("kv_norms")
 
 
