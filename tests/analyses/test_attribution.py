@@ -1076,8 +1076,9 @@ def test_ig_claims_use_only_the_examples_that_converged(rel_errors, used, kept):
         tokens = pd.DataFrame([{"example": i, "position": p, "token": f"t{p}", "method": m, "score": 0.5}
                                for i in range(4) for p in range(3) for m in ("integrated_gradients", "saliency")])
         result = Result(name="attribution", df=df, summary=s, tables={**tables, "token_scores": tokens}, config={})
-        said = "integrated_gradients (missed completeness on this example: used in no claim)"
+        said = "* integrated gradients missed completeness on this example: used in no claim."
         assert said in hs.show_tokens(result, example=1).html and said not in hs.show_tokens(result, example=2).html
+        assert "integrated_gradients *</th>" in hs.show_tokens(result, example=1).html
 
 
 def test_sliding_window_last_layer_is_ranked_only_inside_its_window(arch_dirs, arch_models):
