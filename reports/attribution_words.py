@@ -515,7 +515,8 @@ def gradient_rounding_words(s: Mapping[str, Any]) -> str:
     dtype = entry.get("dtype", "?")
     said = (f"{k} of {m} gradient x input scores are within their {dtype} rounding floor (one {dtype} rounding step "
             f"of the example's largest token gradient times the token's embedding norm, up to {floor[1]:.2g}: the "
-            "product of gradient and embedding nearly cancels, so the gradient's rounding decides it) and count as ties")
+            "product of gradient and embedding nearly cancels, so a score within it is the gradient's rounding) and "
+            "count as ties")
     if gradient_rounds(s):
         return said + (": its tau would rank rounding, so gradient x input is left out of the taus, the rollout "
                        "comparisons and the count of significant taus here.")

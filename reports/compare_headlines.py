@@ -129,12 +129,15 @@ def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
     for kind, of in (("attention", "attention"), ("rollout", "attention rollout")):
         for key, name in TAU_METHODS:
             label = f"attribution mean Kendall tau of {of} and {name}"
+            if key == "gradient" and gradient_rounds(s):  # left out as rounding, its taus undefined where all tie
+                out.append((label, None, None, n, "examples"))
+                continue
             if kind == "rollout" and not _number(s.get(f"mean_tau_rollout_{key}")):
                 continue  # an older summary without rollout's taus: its finding states none
             if key == "ig" and rule.mode == "none":  # its report leaves IG out (the finding): a blank the page explains
                 out.append((label, None, None, rule.n_converged, "converged examples"))
                 continue
-            if (key == "loo" and loo_rounds(s)) or (key == "gradient" and gradient_rounds(s)):  # left out: rounding
+            if key == "loo" and loo_rounds(s):  # its report leaves leave-one-out out: most of its scores are rounding
                 out.append((label, None, None, n, "examples"))
                 continue
             mean, sd = s.get(f"mean_tau_{kind}_{key}"), s.get(f"std_tau_{kind}_{key}")

@@ -485,7 +485,8 @@ def test_gradient_x_input_that_ranks_rounding_leaves_the_claims():
     text = finding("attribution", _gradient_rounding_summary(True))
     assert ("30 of 40 gradient x input scores are within their bfloat16 rounding floor (one bfloat16 rounding step "
             "of the example's largest token gradient times the token's embedding norm, up to 0.14: the product of "
-            "gradient and embedding nearly cancels, so the gradient's rounding decides it) and count as ties: its tau "
+            "gradient and embedding nearly cancels, so a score within it is the gradient's rounding) and count as "
+            "ties: its tau "
             "would rank rounding, so gradient x input is left out of the taus, the rollout comparisons and the count "
             "of significant taus here.") in text, text
     assert "gradient x input at mean" not in text and "gradient x input 2" not in text
@@ -493,7 +494,10 @@ def test_gradient_x_input_that_ranks_rounding_leaves_the_claims():
     kept = finding("attribution", _gradient_rounding_summary(False))
     assert "gradient x input at mean Kendall tau 0.30" in kept and "10 of 16 per-example taus" in kept
     assert "10 of 40 gradient x input scores" in kept and "count as ties (0) in its ranking." in kept
-    from headscope.reports.compare_headlines import withheld_quantity
+    from headscope.reports.compare_headlines import _attribution, withheld_quantity
+
+    rows = [r for r in _attribution(_gradient_rounding_summary(True)) if r[0].endswith("gradient x input")]
+    assert [(r[1], r[2], r[3]) for r in rows] == [(None, None, 4)] * 2  # blank for attention and rollout alike
     from headscope.reports.plots_attribution import loo_muted
 
     assert loo_muted(_gradient_rounding_summary(True)) == {"grad_x_input": "not read:\n30 of 40 scores\nare rounding ties"}
