@@ -119,10 +119,32 @@ def cap_words(final: Any, attention: Any) -> list[str]:
 
 
 def header_words(model: Mapping[str, Any]) -> list[str]:
-    """The report header's phrases for the soft-caps and differing rotary bases, from the manifest's facts."""
+    """The report header's phrases for the soft-caps and differing rotary bases, from the manifest's facts; and
+    (review 18e C1) a squared activation's MLP and norms that apply their weight as 1 + w."""
     windowed = [int(k) for k in (model.get("attention_windows") or {})]
+    act = model.get("mlp_act")
+    mlp = ([f"{act} MLP ({SQUARED[act]}) without a gate"] if act in SQUARED and not model.get("gated_mlp")
+           and not model.get("experts_per_layer") else [])
+    norms = ["norms LayerNorm1P (weight applied as 1 + w)"] if model.get("norm_one_plus") is True else []
     return cap_words(model.get("final_softcap"), model.get("attn_softcap")) + (
-        [w] if (w := rope_words(model.get("rope_bases"), windowed)) else [])
+        [w] if (w := rope_words(model.get("rope_bases"), windowed)) else []) + mlp + norms
+
+
+SQUARED = {"relu2": "relu(x)^2"}  # activations whose memory coefficients are squares (Nemotron), by config name
+
+
+def mlp_words(act: Any, gated: bool) -> str:
+    """'relu2 = relu(x)^2, no gate', 'silu, gated' (act(x W_gate) * x W_in); '' where the activation is not read."""
+    if not isinstance(act, str) or not act:
+        return ""
+    return f"{act}" + (f" = {SQUARED[act]}" if act in SQUARED else "") + (", gated" if gated else ", no gate")
+
+
+def norm_one_plus(bridge: Any) -> bool:
+    """Whether the model's norms apply their weight as 1 + w: Nemotron's LayerNorm1P (by its class name)."""
+    model = getattr(bridge, "original_model", None)
+    return isinstance(model, torch.nn.Module) and any(
+        type(m).__name__.lower().endswith("layernorm1p") for m in model.modules())
 
 
 def repr_words(facts: Any, windowed: Iterable[int] = ()) -> str:

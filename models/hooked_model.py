@@ -104,6 +104,10 @@ class ModelFacts:
     qk_norm: str | None = None
     # Review 18c A5: OLMo / OLMoE clamp q, k and v to +-clip_qkv after the projection (and q/k norm); None: no clamp.
     clip_qkv: float | None = None
+    # Review 18e C1: the MLP's activation (the config's name: "relu2" is Nemotron's squared ReLU, relu(x)^2), None
+    # where not read; and whether the norms apply their weight as 1 + w (Nemotron's LayerNorm1P).
+    mlp_act: str | None = None
+    norm_one_plus: bool = False
 
     @property
     def attention_layout(self) -> str:
@@ -155,6 +159,8 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         d_vocab=int(cfg.d_vocab),
         n_ctx=int(cfg.n_ctx),
         gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
+        mlp_act=str(cfg.act_fn) if isinstance(getattr(cfg, "act_fn", None), str) else None,
+        norm_one_plus=config_facts.norm_one_plus(bridge),
         positional=str(getattr(cfg, "positional_embedding_type", "standard")),
         logit_scale=output_logit_scale(bridge),
         residual_scale=_residual_scale(bridge),
@@ -426,8 +432,9 @@ class HookedModel(TLHabits):
         return self.facts.name
 
     def _mlp_repr(self) -> str:
-        """"d_mlp=192" for a dense model; else each kind of MLP with its layers: "mlp=(layer 0: dense 192; layers 1-2:
-        6 experts x 64, top-2)" (+ "+ shared 96"), from each block's own modules (review 16b C2)."""
+        """"d_mlp=192 (relu2 = relu(x)^2, no gate)" for a dense model (the activation where read); else each kind of
+        MLP with its layers: "mlp=(layer 0: dense 192; layers 1-2: 6 experts x 64, top-2)" (+ "+ shared 96"),
+        from each block's own modules (review 16b C2)."""
         from headscope.models.moe_layout import expert_layout  # it imports this module's raw_module
 
         kinds: dict[str, list[int]] = {}
@@ -440,7 +447,8 @@ class HookedModel(TLHabits):
                     + (f", top-{e.top_k}" if e.top_k else "") + (f" + shared {e.shared_width}" if e.shared_width else ""))
             kinds.setdefault(what, []).append(layer)
         if list(kinds) == [f"dense {self.facts.d_mlp}"]:
-            return f"d_mlp={self.facts.d_mlp}"
+            kind = config_facts.mlp_words(self.facts.mlp_act, self.facts.gated_mlp)  # review 18e C1
+            return f"d_mlp={self.facts.d_mlp}" + (f" ({kind})" if kind else "")
 
         def named(ls: list[int]) -> str:
             runs = ls == list(range(ls[0], ls[-1] + 1))
@@ -471,6 +479,7 @@ class HookedModel(TLHabits):
             f"({f.n_kv_heads} KV), {attention}d_model={f.d_model}, {self._mlp_repr()}, n_ctx={f.context_words}, "
             + self._window_repr()  # review 17d C2: GPT-Neo's local layers, Mistral's, Gemma's sliding layers
             + config_facts.repr_words(f, [i for i, w in enumerate(layer_windows(self)) if w])  # review 18b C1
+            + ("norms=LayerNorm1P (weight applied as 1 + w), " if f.norm_one_plus else "")  # review 18e C1
             + f"dtype={str(self.dtype).removeprefix('torch.')}, device={self.device})"
         )
 

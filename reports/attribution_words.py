@@ -39,6 +39,9 @@ def _finding(s: Mapping[str, Any]) -> str:
     rounded = loo_rounds(s)
     if rounded:  # most leave-one-out scores are rounding: its tau would rank rounding (review 10a A1)
         keys = tuple(k for k in keys if k[0] != "loo")
+    gxi_rounded = gradient_rounds(s)
+    if gxi_rounded:  # most |gradient x input| scores are within their rounding floor (review 18e A1)
+        keys = tuple(k for k in keys if k[0] != "gradient")
     taus = {name: (_num(s.get(f"mean_tau_attention_{key}")), _num(s.get(f"std_tau_attention_{key}"))) for key, name in keys}
     taus = {k: v for k, v in taus.items() if v[0] is not None}
     # examples with a defined tau per method (older summaries: every example)
@@ -59,6 +62,7 @@ def _finding(s: Mapping[str, Any]) -> str:
         if words := window_words(s.get("attention_window"), n):
             parts.append(words)
     parts += [said] if (said := rounding_words(s)) else []
+    parts += [said] if (said := gradient_rounding_words(s)) else []
     if taus:
         references = {k: v for k, v in taus.items() if k != "saliency"}  # the paired rollout tests' references
         weak = bool(references) and max(abs(m) for m, _ in references.values()) < WEAK_TAU
@@ -69,11 +73,12 @@ def _finding(s: Mapping[str, Any]) -> str:
     parts += [unconverged] if unconverged else []
     frac = None if rule.legacy else _num(s.get("fraction_significant"))  # a summary before the rule counts IG's taus
     tests = int(_num(s.get("n_tau_tests")) or n * len(taus))
-    if frac is not None and rounded:  # the summary's count holds leave-one-out's taus: take them out
-        loo_frac, loo_n = _num(s.get("frac_significant_attention_loo")), int(_num(s.get("n_tau_attention_loo")) or 0)
-        k = round(frac * tests) - (round(loo_frac * loo_n) if loo_frac is not None else 0)
-        tests -= loo_n if loo_frac is not None else 0
-        frac = k / tests if tests > 0 else None
+    for left_out, short in ((rounded, "loo"), (gxi_rounded, "gradient")):
+        if frac is not None and left_out:  # the summary's count holds this method's taus: take them out
+            m_frac, m_n = _num(s.get(f"frac_significant_attention_{short}")), int(_num(s.get(f"n_tau_attention_{short}")) or 0)
+            k = round(frac * tests) - (round(m_frac * m_n) if m_frac is not None else 0)
+            tests -= m_n if m_frac is not None else 0
+            frac = k / tests if tests > 0 else None
     if frac is not None and tests > 0:
         k = round(frac * tests)
         lo, hi = wilson(k, tests)
@@ -487,6 +492,34 @@ def rounding_words(s: Mapping[str, Any]) -> str:
     if loo_rounds(s):
         return said + (": its tau would rank rounding, so leave-one-out is left out of the taus and the count of "
                        "significant taus here.")
+    return said + " (0) in its ranking."
+
+
+def gradient_rounds(s: Mapping[str, Any]) -> bool:
+    """Whether most |gradient x input| scores are within their rounding floor (the summary's
+    gradient_rounding.ranks_rounding, analysis.gradient_rounding): its tau would rank rounding, so no claim rests on
+    it (review 18e A1)."""
+    entry = s.get("gradient_rounding")
+    return isinstance(entry, Mapping) and entry.get("ranks_rounding") is True
+
+
+def gradient_rounding_words(s: Mapping[str, Any]) -> str:
+    """'N of M gradient x input scores are within their bfloat16 rounding floor ...' from the summary's
+    gradient_rounding (those scores are ties at 0); '' where none is."""
+    entry = s.get("gradient_rounding")
+    if not isinstance(entry, Mapping):
+        return ""
+    k, m, floor = int(_num(entry.get("n_within")) or 0), int(_num(entry.get("n_scores")) or 0), entry.get("floor")
+    if not k or not m or not isinstance(floor, Sequence) or len(floor) != 2 or None in map(_num, floor):
+        return ""
+    dtype = entry.get("dtype", "?")
+    said = (f"{k} of {m} gradient x input scores are within their {dtype} rounding floor (one {dtype} rounding step "
+            f"of the example's largest token gradient times the token's embedding norm, up to {floor[1]:.2g}: the "
+            "product of gradient and embedding nearly cancels, so a score within it is the gradient's rounding) and "
+            "count as ties")
+    if gradient_rounds(s):
+        return said + (": its tau would rank rounding, so gradient x input is left out of the taus, the rollout "
+                       "comparisons and the count of significant taus here.")
     return said + " (0) in its ranking."
 
 

@@ -48,7 +48,7 @@ from typing import Any
 
 from headscope.analyses.attribution.convergence import ig_use
 from headscope.analyses.core.chance import does_not_copy, metric_ci
-from headscope.reports.attribution_words import loo_rounds
+from headscope.reports.attribution_words import gradient_rounds, loo_rounds
 from headscope.reports.compare_measures import (
     MORE,
     SINK_LABEL,  # noqa: F401 (the kv sink labels, read by the tests here)
@@ -123,12 +123,15 @@ def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
     rule = ig_use(s)
     raw = [abs(float(s[f"mean_tau_attention_{k}"])) for k, _ in TAU_METHODS[1:]
            if _number(s.get(f"mean_tau_attention_{k}")) and not (k == "ig" and rule.mode == "none")
-           and not (k == "loo" and loo_rounds(s))]
+           and not (k == "loo" and loo_rounds(s)) and not (k == "gradient" and gradient_rounds(s))]
     weak = bool(raw) and max(raw) < WEAK_TAU  # the finding's own test (attribution_words.finding)
     out = []
     for kind, of in (("attention", "attention"), ("rollout", "attention rollout")):
         for key, name in TAU_METHODS:
             label = f"attribution mean Kendall tau of {of} and {name}"
+            if key == "gradient" and gradient_rounds(s):  # left out as rounding, its taus undefined where all tie
+                out.append((label, None, None, n, "examples"))
+                continue
             if kind == "rollout" and not _number(s.get(f"mean_tau_rollout_{key}")):
                 continue  # an older summary without rollout's taus: its finding states none
             if key == "ig" and rule.mode == "none":  # its report leaves IG out (the finding): a blank the page explains
@@ -156,6 +159,10 @@ def withheld_quantity(name: str, label: str, s: Mapping[str, Any]) -> str:
         entry = s["loo_rounding"]
         return (f"leaves leave-one-out out ({entry.get('n_within')} of {entry.get('n_scores')} of its scores are within "
                 f"one {entry.get('dtype')} rounding step of the logits)")
+    if name == "attribution" and "gradient x input" in label and gradient_rounds(s):  # review 18e A1
+        entry = s["gradient_rounding"]
+        return (f"leaves gradient x input out ({entry.get('n_within')} of {entry.get('n_scores')} of its scores are "
+                f"within its {entry.get('dtype')} rounding floor)")
     if name == "circuits" and label.startswith("circuits MIB") and isinstance(s.get("gap_within_noise"), Mapping):
         gap = s["gap_within_noise"]  # review 14b A4: ratios over a gap within noise, which the finding does not report
         return f"withholds MIB's CPR and CMD, ratios over a clean-corrupted gap within noise ({gap.get('reason')})"

@@ -23,7 +23,7 @@ from headscope.analyses.attribution.convergence import ig_use
 from headscope.analyses.core.result import Result
 from headscope.errors import ConfigError
 from headscope.reports.attribution_words import finding as finding  # the headline: families.py reads it here
-from headscope.reports.attribution_words import loo_rounds
+from headscope.reports.attribution_words import gradient_rounds, loo_rounds
 from headscope.reports.findings import FEW, _chance, _num, t_interval
 from headscope.reports.plots import axes, color_scale, hatch_cells, laid_out, token_label
 
@@ -334,14 +334,17 @@ MUTED = "0.45"  # the title of a figure whose numbers the finding withholds
 
 
 def loo_muted(s: Mapping[str, Any]) -> dict[str, str]:
-    """{"leave_one_out": why} where the finding leaves leave-one-out out of its taus because most of its scores are
+    """{"leave_one_out" / "grad_x_input": why} where the finding leaves it out of its taus because most of its scores are
     rounding ties (attribution_words.loo_rounds; review 14c B2: tau.png drew it like the other methods), else {}."""
-    if not loo_rounds(s):
-        return {}
-    entry = s["loo_rounding"]
-    k, m = _num(entry.get("n_within")), _num(entry.get("n_scores"))
-    count = f"{k:.0f} of {m:.0f} " if k is not None and m is not None else "most "
-    return {"leave_one_out": f"not read:\n{count}scores\nare rounding ties"}
+    out = {}
+    for method, key, rounds in (("leave_one_out", "loo_rounding", loo_rounds(s)),
+                                ("grad_x_input", "gradient_rounding", gradient_rounds(s))):  # review 18e A1
+        if rounds:
+            entry = s[key]
+            k, m = _num(entry.get("n_within")), _num(entry.get("n_scores"))
+            count = f"{k:.0f} of {m:.0f} " if k is not None and m is not None else "most "
+            out[method] = f"not read:\n{count}scores\nare rounding ties"
+    return out
 
 
 def withheld_note(s: Mapping[str, Any], *, short: bool = False) -> str:
@@ -396,8 +399,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "tau": "Kendall tau (-1 to 1) per example between attention and each other attribution; 0 is no agreement. "
            "Box plots from 10 examples per box; with fewer, each example's tau as a dot and the mean (diamond) with its "
            "95% t interval, clipped to [-1, 1] as in the finding (an arrowhead marks an end where the interval runs past). "
-           "A method under a hatched grey veil is drawn but not read: the finding leaves it out (leave-one-out where "
-           "most of its scores are rounding ties, so its taus would rank rounding).",
+           "A method under a hatched grey veil is drawn but not read: the finding leaves it out (leave-one-out or "
+           "gradient x input where most of its scores are rounding ties, so its taus would rank rounding).",
     "token_heatmap": "One example: each method's share of importance per token (rows sum to 1 over the tokens "
                      "shown). The first token (the BOS or [CLS] where prompts start with one, else the prompt's own first "
                      "token) and the last (the one that predicts, or [SEP]) are not "

@@ -591,7 +591,23 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(POST_NORM)
     if s.get("values_through_post_ln"):
         parts.append(POST_LN)
+    if words := squared_words(s):
+        parts.append(words)
     return " ".join(parts)
+
+
+def squared_words(s: Mapping[str, Any]) -> str:
+    """Review 18e C1: on a squared activation (the summary's mlp_act, Nemotron's relu2) say that each coefficient is
+    m_i = relu(k_i . x)^2, so triggers and coefficients are squares of Geva et al.'s k_i . x; '' otherwise."""
+    from headscope.models.config_facts import SQUARED
+
+    act = s.get("mlp_act")
+    if act not in SQUARED or s.get("gated_mlp"):
+        return ""
+    formula = SQUARED[act].replace("(x)", "(k_i . x)")
+    return (f"This MLP's activation is {act} without a gate: each neuron's coefficient is m_i = {formula}, so "
+            "its triggers are ranked and its updates m_i v_i weighted by that square, not by Geva et al.'s k_i . x "
+            "(a pre-activation of 3 gives 9).")
 
 
 def _named_experts(s: Mapping[str, Any]) -> str:

@@ -19,6 +19,10 @@ from headscope.reports.render import escape
 POSITIVE = (200, 40, 30)  # red
 NEGATIVE = (30, 90, 210)  # blue
 TOKEN_METHODS = ("integrated_gradients", "grad_x_input", "saliency")  # attribution's token_scores, signed first
+# review 18e C2: the attribution's other methods, from its scores table (ranked tokens only: shares summing to 1)
+RANKED_METHODS = ("leave_one_out", "last_layer", "rollout")
+RANKED_LABELS = {"leave_one_out": "leave_one_out (share)", "last_layer": "last-layer attention (share)",
+                 "rollout": "rollout (share)"}
 
 
 def _numbers(values: Any, what: str) -> np.ndarray:
@@ -95,6 +99,10 @@ def show_tokens(scores: Any, tokens: Any = None, *, model: Any = None, example: 
 
 
 def _result_tokens(result: Any, *, example: int | None, methods: Sequence[str] | None) -> HTMLView:
+    """One row per method over every token of one example, in one table so a token's scores share a column (review
+    18e C2): the gradient methods' raw scores (token_scores; integrated gradients signed) on every token, then
+    leave-one-out, last-layer attention and rollout as the shares the taus rank (the scores table: the first and the
+    last token are not ranked, so blank there); each row coloured against its own largest |score|, shown at its end."""
     table = result.tables.get("token_scores")
     if table is None:
         raise ConfigError(f"show_tokens takes an attribution Result (its token_scores table), not a {result.name!r} one; "
@@ -104,22 +112,52 @@ def _result_tokens(result: Any, *, example: int | None, methods: Sequence[str] |
     if example not in examples:
         raise ConfigError(f"example {example} is not in this result; choose one of {examples[:10]}.")
     one = table[table["example"] == example]
-    present = list(dict.fromkeys(one["method"]))
-    methods = [m for m in TOKEN_METHODS if m in present] + [m for m in present if m not in TOKEN_METHODS] \
-        if methods is None else list(methods)
+    ranked = result.tables.get("scores")
+    ranked = ranked[(ranked["example"] == example) & ranked["method"].isin(RANKED_METHODS)] if ranked is not None else None
+    present = list(dict.fromkeys(one["method"])) + ([m for m in RANKED_METHODS if m in set(ranked["method"])]
+                                                    if ranked is not None else [])
+    methods = [m for m in (*TOKEN_METHODS, *RANKED_METHODS) if m in present] + \
+        [m for m in present if m not in TOKEN_METHODS + RANKED_METHODS] if methods is None else list(methods)
     from headscope.analyses.attribution.convergence import IG_METHOD, ig_use
 
     summary = getattr(result, "summary", None)
     unused = IG_METHOD if not ig_use(summary if isinstance(summary, dict) else {}).keeps(example) else None
-    lines = []
+    first = one[one["method"] == one["method"].iloc[0]].sort_values("position")
+    positions, tokens = list(first["position"]), [str(t) for t in first["token"]]  # every token of the example
+    rows = []
     for method in methods:
-        rows = one[one["method"] == method].sort_values("position")
-        if rows.empty:
+        part = (one[one["method"] == method] if method not in RANKED_METHODS or ranked is None
+                else ranked[ranked["method"] == method])
+        if part.empty:
             raise ConfigError(f"no scores by {method!r}; this result has {present}.")
-        label = method + (" (missed completeness on this example: used in no claim)" if method == unused else "")
-        lines.append(token_line(list(rows["token"]), list(rows["score"]), label=label))
+        by = dict(zip(part["position"], part["score"]))
+        values = np.array([by.get(p, np.nan) for p in positions], dtype=float)  # [pos]: NaN where not scored
+        label = RANKED_LABELS.get(method, method) + (" *" if method == unused else "")
+        rows.append(_score_row(tokens, values, label))
+    note = ("<div style='font: 11px sans-serif'>* integrated gradients missed completeness on this example: used in "
+            "no claim.</div>" if unused in methods else "")
+    html = (f"<table style='border-collapse: separate; border-spacing: 2px 3px; font-family: monospace'>{''.join(rows)}"
+            f"</table>{note}{SCALE}")
     text = f"TokenView(example {example}: {', '.join(methods)})"
-    return HTMLView("<div class='headscope-tokens'>" + "".join(lines) + "</div>", text)
+    return HTMLView("<div class='headscope-tokens'>" + html + "</div>", text)
+
+
+SCALE = ("<div style='font: 11px sans-serif'>Colour: red positive, blue negative, opacity |score| / the row's largest "
+         "|score| (at its end); blank: not scored (the first and the last token are not ranked); hover for the value."
+         "</div>")
+
+
+def _score_row(tokens: Sequence[str], values: np.ndarray, label: str) -> str:
+    """One table row: the label, each token on its score's colour (tooltip: position and score), the row's scale."""
+    finite = np.abs(values[np.isfinite(values)])
+    scale = float(finite.max()) if len(finite) else 0.0
+    cells = "".join(
+        f'<td style="background: {colour(v, scale)}; padding: 1px 2px; border-radius: 2px; white-space: pre" '
+        f'title="{escape(f"{i}: {v:.4g}" if np.isfinite(v) else f"{i}: not scored")}">{escape(t)}</td>'
+        for i, (t, v) in enumerate(zip(tokens, values)))
+    return (f"<tr><th style='text-align: left; font-weight: bold; white-space: nowrap; padding-right: 1em'>"
+            f"{escape(label)}</th>{cells}<td style='font: 11px sans-serif; padding-left: 1em; white-space: nowrap'>"
+            f"max |score| {scale:.3g}</td></tr>")
 
 
 def grid_html(values: Any, rows: Sequence[str], columns: Sequence[str], *, title: str = "") -> str:

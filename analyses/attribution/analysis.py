@@ -182,14 +182,14 @@ def attribution(
         task = default_task(model, task, cfg)
     setup = _setup(model, task, cfg, reference)
     groups = list(length_groups(setup.lengths, setup.chunk))
-    parts: tuple[list, ...] = ([], [], [], [], [], [], [])  # score frames, tau, pairs, permutation, IG, tokens, LOO floor
+    parts: tuple[list, ...] = ([], [], [], [], [], [], [], [])  # score frames, tau, pairs, perm, IG, tokens, LOO & gxi floors
     for g in tqdm(distributed.shard(len(groups)), desc="attribution",
                   disable=not (cfg.progress and distributed.is_main())):
         for part, rows in zip(parts, _score_group(model, task, groups[g], cfg, setup)):  # each rank: its block of groups
             part.extend(rows)
     gathered = distributed.gather_objects(parts)  # rank order = group order
-    score_rows, tau, pairs, perm_rows, ig_rows, token_rows, loo_rows = (
-        [row for part in gathered for row in part[i]] for i in range(7))
+    score_rows, tau, pairs, perm_rows, ig_rows, token_rows, loo_rows, gxi_rows = (
+        [row for part in gathered for row in part[i]] for i in range(8))
     df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
     ig_table = pd.DataFrame(ig_rows)
     convergence = ig_convergence(ig_table, dtype=str(model.dtype).removeprefix("torch."), routing=top_k_routing(model),
@@ -202,15 +202,18 @@ def attribution(
         "ig": ig_table,
         "token_scores": pd.concat(token_rows, ignore_index=True),
         **({"loo_rounding": pd.DataFrame(loo_rows).sort_values("example", ignore_index=True)} if loo_rows else {}),
+        "gradient_rounding": pd.DataFrame(gxi_rows).sort_values("example", ignore_index=True),
     }
+    gradient_rounding = rounding_summary(tables["gradient_rounding"])
     summary = _summary(df, tables, convergence, kind=setup.kind, cfg=cfg, layer=setup.layer,
-                       encoder=model.facts.is_encoder and setup.at is None)
+                       encoder=model.facts.is_encoder and setup.at is None, gradient_rounding=gradient_rounding)
     if setup.at is not None:  # review 15c B1: a masked LM scored at its mask, as heads records it
         summary["mask_read"] = mask_read(model, task, setup.at)
     summary["loo_metric"] = setup.loo_metric
     summary["gradient_input"] = am.gradient_input(model)  # what saliency & co. are taken against (13c C6)
     if loo_rows:
         summary["loo_rounding"] = rounding_summary(tables["loo_rounding"])
+    summary["gradient_rounding"] = gradient_rounding  # review 18e A1: gradient x input within its rounding floor
     if setup.saturated is not None:  # the record leave-one-out's metric was decided on (the same clean runs)
         summary["saturated"] = setup.saturated
     summary.update(attention_window(tables["scores"], layer_windows(model)[-1]))
@@ -311,7 +314,7 @@ def loo_metric(model, kind: str, saturated: dict | None, at_mask: bool = False) 
 def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setup: _Setup) -> tuple[list, ...]:
     """Every method on one group of equal-length examples -> (score frames, tau rows, method-pair rows,
     permutation rows, IG rows, token frames, leave-one-out rounding rows (loo_rounding; none unless it is scored
-    by the logit difference))."""
+    by the logit difference), gradient x input rounding rows (gradient_rounding))."""
     n, spans, baseline, layer, forward = setup.lengths[idx[0]], setup.spans, setup.baseline, setup.layer, setup.forward
     tokens = real_tokens(task, idx, spans).to(model.device)  # [g, pos], padding dropped
     generator = [example_generator(cfg.seed, row) for row in tokens]  # the same draws on any rank, in any batch
@@ -322,6 +325,7 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
     windows = layer_windows(model)
     per_head, roll = am.attention_scores(model, tokens, at)  # [g, layer, head, pos], [g, pos]
     grads = am.gradient_scores(model, tokens, forward, args)
+    gxi_ranked, gxi_rows = gradient_rounding(grads, idx, model.dtype, at)  # [g, pos]: scores within the floor tied at 0
     ig, delta, steps, delta_half = am.integrated_gradients(
         model, tokens, ig_baselines(tokens, baseline, at), forward, args,
         n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
@@ -348,7 +352,7 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         keep = [i for i, p in enumerate(scored) if at is None or p != int(at[j])]  # indices into scored
         ranked = [scored[i] for i in keep]
         methods = {
-            "saliency": grads["saliency"][j, 1:-1], "grad_x_input": grads["grad_x_input"][j, 1:-1],
+            "saliency": grads["saliency"][j, 1:-1], "grad_x_input": gxi_ranked[j, 1:-1],
             "integrated_gradients": ig[j, 1:-1].abs(), "leave_one_out": loo[j].abs(),
         }
         methods = {k: _distribution(v[keep]) for k, v in methods.items()}
@@ -381,7 +385,25 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
             "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
             "relative_error": completeness_error(float(ig[j].sum()), float(f_x[j]), float(f_b[j])),
         })
-    return score_rows, tau, pairs, perm_rows, ig_rows, token_rows, loo_rows
+    return score_rows, tau, pairs, perm_rows, ig_rows, token_rows, loo_rows, gxi_rows
+
+
+def gradient_rounding(grads: dict[str, torch.Tensor], idx: list[int], dtype: torch.dtype,
+                      at: torch.Tensor | None = None) -> tuple[torch.Tensor, list[dict]]:
+    """|gradient x input| [g, pos] with the scores within their rounding floor (methods.gradient_floor) set to 0,
+    ties (review 18e A1: in bfloat16 every score was within it and the bfloat16 ranking agreed with float32's at tau
+    0.62-0.75), and per example its record over the ranked tokens (1..pos-2, less a masked LM's mask `at` [g]):
+    example, dtype, floor (the largest token floor), n_scores, n_within_floor."""
+    score, floor = grads["grad_x_input"], grads["grad_x_input_floor"]  # [g, pos] each
+    within = score <= floor
+    ranked = torch.zeros_like(within)  # [g, pos]
+    ranked[:, 1:-1] = True
+    if at is not None:
+        ranked[torch.arange(len(idx), device=ranked.device), at.to(ranked.device)] = False
+    name = str(dtype).removeprefix("torch.")
+    rows = [{"example": ex, "dtype": name, "floor": float(floor[j][ranked[j]].max()), "n_scores": int(ranked[j].sum()),
+             "n_within_floor": int((within[j] & ranked[j]).sum())} for j, ex in enumerate(idx)]
+    return score.masked_fill(within, 0.0), rows
 
 
 @torch.no_grad()

@@ -8,7 +8,8 @@ Summary keys (attention = the last layer's head mean): loo_metric (what leave-on
 "tvd", "1-cosine" or, on a saturated output with a logit-difference task, "logit_diff"); loo_rounding (with
 "logit_diff": the changes within one rounding step of the clean logits in the model's dtype, methods.logit_rounding_floor,
 are ties at 0 before ranking; dtype, floor [min, max] in logits, n_within of n_scores, ranks_rounding when most are;
-per example the loo_rounding table); mean_tau_attention_{gradient,
+per example the loo_rounding table); gradient_rounding (the same for |gradient x input| against its floor,
+methods.gradient_floor, every run; when ranks_rounding rollout_vs_raw leaves gradient x input out); mean_tau_attention_{gradient,
 saliency, loo, ig} with std_tau_*, frac_significant_* and n_tau_*; the same for rollout (mean_tau_rollout_*, ...); rollout_vs_raw
 ({gradient, loo, ig}: the per-example paired difference tau(rollout) - tau(last layer) against that reference:
 mean, sd, n, ci (95% t), p (paired t) and p_holm, Holm-corrected over the three); fraction_significant (over
@@ -124,7 +125,7 @@ def tied_scores(scores: pd.DataFrame) -> dict[str, int]:
 
 
 def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kind: str, cfg: AttributionConfig,
-             layer: int, encoder: bool) -> dict:
+             layer: int, encoder: bool, gradient_rounding: dict[str, Any] | None = None) -> dict:
     out: dict[str, Any] = {
         "attention": "last_layer", "metric": kind, "output_change": "1-cosine" if encoder else "tvd",
         "loo_mode": cfg.loo_mode, "n_examples": int(df.example.nunique()),
@@ -143,7 +144,9 @@ def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kin
                 out[f"std_tau_{prefix}_{short}"] = _num(row.std_tau)
                 out[f"frac_significant_{prefix}_{short}"] = _num(row.frac_significant)
     # rollout against raw last-layer attention, paired per example, Holm over the references the finding names
-    paired = paired_differences(df, list(ROLLOUT_REFERENCES))
+    # (less gradient x input where most of its scores are rounding, review 18e A1: no test rests on rounding)
+    rounds = bool(gradient_rounding and gradient_rounding.get("ranks_rounding"))
+    paired = paired_differences(df, [m for m in ROLLOUT_REFERENCES if not (rounds and m == "grad_x_input")])
     out["rollout_vs_raw"] = {SUMMARY_NAMES[m]: {k: v if k in ("n", "ci") else _num(v) for k, v in e.items()}
                              for m, e in paired.items()}
     last = df[(df.attention == "last_layer")].dropna(subset=["tau"])

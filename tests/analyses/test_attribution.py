@@ -427,6 +427,86 @@ def test_bfloat16_loo_changes_within_a_rounding_step_are_ties(saturated_model):
             f"rounding step of the logits ({lo if lo == hi else f'{lo}-{hi}'} logits) and count as ties") in text, text
 
 
+def test_bfloat16_gradient_x_input_within_its_rounding_floor_is_tied(tiny_dirs):
+    """Review 18e A1: in bfloat16, gradient x input is a near-cancelling dot product that the gradient's rounding
+    decides (Nemotron: its ranking agreed with float32's at tau 0.62-0.75), yet its tau entered the claims. By hand
+    with plain torch on HF's bfloat16 model: the score is |sum_d g_d x_d| summed in float32 (the old code summed in
+    bfloat16), its floor 2^-7 x max |g| over the ranked tokens x |x_t|, and the float32 model's score lies within
+    that floor of the bfloat16 one on every token; the scores within it are ties (0) in the ranking, counted per example and in
+    summary gradient_rounding, and the finding says how many."""
+    from headscope.reports.findings import finding
+
+    path = tiny_dirs["llama"]
+    model = hs.load_model(path, device="cpu", dtype=torch.bfloat16)
+    task = random_task(3, 9, seed=4)
+    got = am.gradient_scores(model, task.tokens, am.forward_metric(model, "logit_diff"), (task.answers, task.wrong_answers))
+    x, g = _hf_embedding_gradient(hf_model(path).to(torch.bfloat16), task.tokens, task.answers, task.wrong_answers)
+    hf32 = hf_model(path).to(torch.bfloat16).float()  # the bfloat16 weights, run in float32
+    x32, g32 = _hf_embedding_gradient(hf32, task.tokens, task.answers, task.wrong_answers)
+    assert torch.equal(x.float(), x32)  # the same embedding in both: the difference is the gradient's rounding
+    score = (g.float() * x.float()).sum(-1).abs()  # [batch, pos]
+    top = g.float().norm(dim=-1)[:, 1:-1].amax(-1, keepdim=True)  # [batch, 1] largest ranked token's gradient
+    floor = 2.0 ** -7 * top * x.float().norm(dim=-1)  # [batch, pos]
+    assert torch.allclose(got["grad_x_input_floor"], floor, rtol=0.05)
+    exact = (g32 * x32).sum(-1).abs()  # [batch, pos] float32
+    assert (exact - score).abs().le(floor).all() and (exact - got["grad_x_input"]).abs().le(floor).all()  # the bound holds
+    within = (score <= floor)[:, 1:-1].numpy()  # [batch, ranked]
+    res = attribution(model, task, progress=False, n_steps=2, ig_max_steps=2, n_permutations=2, adversarial_steps=0)
+    table = res.tables["gradient_rounding"].sort_values("example")
+    assert table.n_within_floor.tolist() == within.sum(1).tolist() and set(table.n_scores) == {7}
+    entry = res.summary["gradient_rounding"]
+    assert entry["n_within"] == int(within.sum()) and entry["n_scores"] == 21 and entry["dtype"] == "bfloat16"
+    assert entry["ranks_rounding"] == (2 * int(within.sum()) > 21)
+    scores = res.tables["scores"]
+    for b in range(3):
+        gxi = scores[(scores.example == b) & (scores.method == "grad_x_input")].sort_values("position").score.to_numpy()
+        assert np.array_equal(gxi == 0, within[b]), b
+    assert entry["ranks_rounding"] and "gradient" not in res.summary["rollout_vs_raw"]  # this model: rounding
+    text = finding("attribution", res.summary)
+    assert f"{int(within.sum())} of 21 gradient x input scores are within their bfloat16 rounding floor" in text, text
+    assert "gradient x input at mean" not in text
+
+
+def _gradient_rounding_summary(ranks: bool) -> dict:
+    """_rounding_summary's run with leave-one-out resolved and gradient x input's scores 30 (or 10) of 40 within
+    its floor (0.02-0.14)."""
+    s = _rounding_summary(False)
+    del s["loo_rounding"]
+    return {**s, "gradient_rounding": {"dtype": "bfloat16", "floor": [0.024, 0.14], "n_within": 30 if ranks else 10,
+                                       "n_scores": 40, "ranks_rounding": ranks}}
+
+
+def test_gradient_x_input_that_ranks_rounding_leaves_the_claims():
+    """Review 18e A1: most |gradient x input| scores within their rounding floor: its tau and its rollout comparison
+    are not stated and its 2 significant taus of 4 leave the count (10 of 16 -> 8 of 12); under half: its tau stays
+    and the ties are said."""
+    from headscope.reports.findings import finding
+
+    text = finding("attribution", _gradient_rounding_summary(True))
+    assert ("30 of 40 gradient x input scores are within their bfloat16 rounding floor (one bfloat16 rounding step "
+            "of the example's largest token gradient times the token's embedding norm, up to 0.14: the product of "
+            "gradient and embedding nearly cancels, so a score within it is the gradient's rounding) and count as "
+            "ties: its tau "
+            "would rank rounding, so gradient x input is left out of the taus, the rollout comparisons and the count "
+            "of significant taus here.") in text, text
+    assert "gradient x input at mean" not in text and "gradient x input 2" not in text
+    assert "8 of 12 per-example taus (67%; saliency 2, leave-one-out 3, integrated gradients 3)" in text, text
+    kept = finding("attribution", _gradient_rounding_summary(False))
+    assert "gradient x input at mean Kendall tau 0.30" in kept and "10 of 16 per-example taus" in kept
+    assert "10 of 40 gradient x input scores" in kept and "count as ties (0) in its ranking." in kept
+    from headscope.reports.compare_headlines import _attribution, withheld_quantity
+
+    rows = [r for r in _attribution(_gradient_rounding_summary(True)) if r[0].endswith("gradient x input")]
+    assert [(r[1], r[2], r[3]) for r in rows] == [(None, None, 4)] * 2  # blank for attention and rollout alike
+    from headscope.reports.plots_attribution import loo_muted
+
+    assert loo_muted(_gradient_rounding_summary(True)) == {"grad_x_input": "not read:\n30 of 40 scores\nare rounding ties"}
+    assert loo_muted(_gradient_rounding_summary(False)) == {}
+    assert withheld_quantity("attribution", "attribution mean Kendall tau of attention and gradient x input",
+                             _gradient_rounding_summary(True)) == ("leaves gradient x input out (30 of 40 of its scores "
+                                                                  "are within its bfloat16 rounding floor)")
+
+
 def _rounding_summary(ranks: bool) -> dict:
     """A saturated bfloat16 attribution summary, by hand: 4 examples, 10 of 4 x 4 taus significant, leave-one-out's
     3 of 4 of them; leave-one-out's scores 30 (or 10) of 40 within the floor."""
@@ -1076,8 +1156,9 @@ def test_ig_claims_use_only_the_examples_that_converged(rel_errors, used, kept):
         tokens = pd.DataFrame([{"example": i, "position": p, "token": f"t{p}", "method": m, "score": 0.5}
                                for i in range(4) for p in range(3) for m in ("integrated_gradients", "saliency")])
         result = Result(name="attribution", df=df, summary=s, tables={**tables, "token_scores": tokens}, config={})
-        said = "integrated_gradients (missed completeness on this example: used in no claim)"
+        said = "* integrated gradients missed completeness on this example: used in no claim."
         assert said in hs.show_tokens(result, example=1).html and said not in hs.show_tokens(result, example=2).html
+        assert "integrated_gradients *</th>" in hs.show_tokens(result, example=1).html
 
 
 def test_sliding_window_last_layer_is_ranked_only_inside_its_window(arch_dirs, arch_models):

@@ -38,19 +38,37 @@ def test_show_tokens_shows_every_token_escaped_on_diverging_colours():
         hs.show_tokens([1.0, 2.0, 3.0], ["a", "b", "c", "d"])
 
 
-def test_show_tokens_of_an_attribution_result_is_every_token_with_signed_integrated_gradients(one_prompt):
+def test_show_tokens_of_an_attribution_result_is_every_token_with_signed_integrated_gradients(one_prompt, tiny_dirs):
+    """Review 18e C2: one row per method (the gradients on every token, then leave-one-out, last-layer attention and
+    rollout as the shares the taus rank, blank on the first and last token), all in one table so a token's scores
+    share a column, each row with its own scale; rollout's shares equal Abnar & Zuidema's rollout of plain HF's
+    head-mean attention, (0.5 A + 0.5 I) per layer, renormalised over the ranked tokens."""
     model, results = one_prompt
     result = results["attribution"]
     tokens = model.to_str_tokens(model.to_tokens(PROMPT)[0])
     page = hs.show_tokens(result)._repr_html_()
-    lines = re.findall(r"<b [^>]*>([a-z_]+)</b>(.*?)</div>", page)
-    assert [name for name, _ in lines] == ["integrated_gradients", "grad_x_input", "saliency"]
-    for _, line in lines:  # the first (BOS) and last token too, which the ranked scores table leaves out
-        assert [html.unescape(t) for t in re.findall(r">([^<]*)</span>", line)] == tokens
+    assert page.count("<table") == 1 and "opacity |score| / the row's largest |score|" in page
+    rows = re.findall(r"<tr><th [^>]*>([^<]+)</th>(.*?)</tr>", page)
+    assert [name for name, _ in rows] == ["integrated_gradients", "grad_x_input", "saliency", "leave_one_out (share)",
+                                          "last-layer attention (share)", "rollout (share)"]
+    for _, row in rows:  # every token in every row, the first (BOS) and last too: the columns line up
+        assert [html.unescape(t) for t in re.findall(r'title="[^"]*">([^<]*)</td>', row)] == tokens
+        assert re.search(r"max \|score\| [0-9.e+-]+</td>$", row)
     ig = result.tables["token_scores"].query("method == 'integrated_gradients'").score
-    row = result.tables["ig"].iloc[0]  # completeness: IG sums to the metric's change from the baseline
-    assert abs(ig.sum() - (row.metric_input - row.metric_baseline)) <= abs(row.delta) + 1e-4
-    assert (ig < 0).any() == ("rgba(30, 90, 210" in lines[0][1])
+    table = result.tables["ig"].iloc[0]  # completeness: IG sums to the metric's change from the baseline
+    assert abs(ig.sum() - (table.metric_input - table.metric_baseline)) <= abs(table.delta) + 1e-4
+    assert (ig < 0).any() == ("rgba(30, 90, 210" in rows[0][1])
+    titles = re.findall(r'title="(\d+): ([^"]*)"', rows[-1][1])
+    assert titles[0][1] == titles[-1][1] == "not scored"
+    with torch.no_grad():
+        att = hf_model(tiny_dirs["gpt2"])(model.to_tokens(PROMPT), output_attentions=True).attentions
+    joint = torch.eye(len(tokens))
+    for a in att:  # [1, head, q, k] per layer
+        mixed = 0.5 * a[0].mean(0) + 0.5 * torch.eye(len(tokens))
+        joint = (mixed / mixed.sum(-1, keepdim=True)) @ joint
+    share = joint[-1, 1:-1] / joint[-1, 1:-1].sum()  # [ranked]
+    got = torch.tensor([float(v) for _, v in titles[1:-1]])
+    assert torch.allclose(got, share, atol=1e-3)
 
 
 def test_show_attention_of_a_layer_and_of_a_pattern_equals_hugging_face(one_prompt, tiny_dirs):
