@@ -98,11 +98,12 @@ def top_attention_png(run: Run) -> bytes | None:
     from headscope.reports import io
     from headscope.reports.html_report import EXPLORER_FILE
     from headscope.reports.plots import quiet_reason
-    from headscope.reports.plots_attention import top_heads_figure
+    from headscope.reports.plots_attention import heads_facts, top_heads_figure
     from headscope.reports.render import figure_png
 
     try:
-        fig = top_heads_figure(io.read_json(run.path / EXPLORER_FILE), quiet=quiet_reason(run.summary("heads")))
+        fig = top_heads_figure(io.read_json(run.path / EXPLORER_FILE), quiet=quiet_reason(run.summary("heads")),
+                               facts=heads_facts(run.path))
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
     if fig is None:

@@ -309,13 +309,14 @@ def _top_heads_html(out: Path) -> str:
         import matplotlib.pyplot as plt
 
         from headscope.reports.plots import quiet_reason
-        from headscope.reports.plots_attention import top_heads_figure
+        from headscope.reports.plots_attention import heads_facts, top_heads_figure
 
         try:  # the heads analysis at chance: its importance ranks noise (plots_attention chooses otherwise)
             heads = io.read_json(out / "heads" / "summary.json")
         except (OSError, ValueError):
             heads = None
-        fig = top_heads_figure(io.read_json(out / EXPLORER_FILE), quiet=quiet_reason(heads if isinstance(heads, dict) else None))
+        fig = top_heads_figure(io.read_json(out / EXPLORER_FILE), quiet=quiet_reason(heads if isinstance(heads, dict) else None),
+                               facts=heads_facts(out))  # review 18w C1: its intervals and ties
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return ""
     if fig is None:

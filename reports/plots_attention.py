@@ -1,7 +1,9 @@
 """The top heads' attention patterns on one example, drawn from the explorer's data (reports/explorer.py).
 
 Heads are ranked by one of the explorer's per-head scores (its default: importance when the heads
-analysis ran); each panel is a query x key heat map of attention weights (0-1), tokens as text
+analysis ran), signed and largest first, as the heads finding ranks them (review 18w C1: a head whose removal helps
+is no top head); with the heads run's facts (heads_facts) the title says which shown heads' 95% intervals include 0
+and which tie within rounding; each panel is a query x key heat map of attention weights (0-1), tokens as text
 (plots.label). `top_heads_figure` is figure-level (one panel per head) and returns the Figure; its
 data is the explorer's dict, the one figure not drawn from a Result's tables. Scores in panel
 titles have 3 significant digits, so a small non-zero score never reads 0.00. Weights are unsigned:
@@ -18,6 +20,7 @@ scores, none a role head (review 18a B3).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +29,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from headscope.analyses.heads.roles import POSITIONAL_SHARE, ROLE_THRESHOLDS
-from headscope.models.hooked_model import visible_keys
+from headscope.models.hooked_model import and_join, visible_keys
 from headscope.reports.explorer import pattern_from_data
 from headscope.reports.plots import color_scale, hatch_cells, label, token_label, wrap_to_width
 
@@ -50,8 +53,9 @@ def _chosen_by(data: Mapping[str, Any], score: str | None, quiet: str | None) ->
 
 
 def top_heads(data: Mapping[str, Any], score: str | None = None, k: int = 4) -> list[tuple[int, int, float]]:
-    """(layer, head, score) of the k heads with the largest |score| (the explorer's default score).
-    Heads scoring 0 are left out, and a boundary tie is not broken by head index: when the k-th and
+    """(layer, head, score) of the k heads with the largest score (the explorer's default score), signed, as the
+    heads finding ranks them: a head whose removal helps (a negative importance) is no top head (review 18w C1).
+    Heads scoring 0 or less are left out, and a boundary tie is not broken by head index: when the k-th and
     the next head tie, the tied heads are all dropped (none when everything ties, e.g. a score that is
     rounding everywhere), so the panels never present an arbitrary order as a ranking."""
     name = score or data.get("default_score") or next(iter(data.get("scores") or {}), None)
@@ -60,11 +64,71 @@ def top_heads(data: Mapping[str, Any], score: str | None = None, k: int = 4) -> 
         return []
     cells = [(layer, head, float(v)) for layer, row in enumerate(grid) for head, v in enumerate(row)
              if isinstance(v, (int, float)) and np.isfinite(v)]
-    ranked = sorted((c for c in cells if c[2] != 0), key=lambda c: (-abs(c[2]), c[0], c[1]))
-    if len(ranked) > k and abs(ranked[k - 1][2]) == abs(ranked[k][2]):
-        tie = abs(ranked[k][2])
-        return [c for c in ranked[:k] if abs(c[2]) != tie]
+    ranked = sorted((c for c in cells if c[2] > 0), key=lambda c: (-c[2], c[0], c[1]))
+    if len(ranked) > k and ranked[k - 1][2] == ranked[k][2]:
+        tie = ranked[k][2]
+        return [c for c in ranked[:k] if c[2] != tie]
     return ranked[:k]
+
+
+def heads_facts(folder: Any) -> dict[str, Any] | None:
+    """{"summary": the heads summary, "intervals": {method: {head: [low, high]}}} of a report folder's heads run (each
+    head's importance -+ the 95% t half-width of its standard error over the summary's n_examples, as the heads finding
+    gives the first two heads' intervals); None without one. What `importance_words` reads."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from headscope.analyses.core.chance import t_half_width
+
+    heads = Path(folder) / "heads"
+    try:
+        summary = json.loads((heads / "summary.json").read_text())
+        table = pd.read_csv(heads / "results.csv")
+    except (OSError, ValueError):
+        return None
+    n = int(summary.get("n_examples") or 0) if isinstance(summary, dict) else 0
+    intervals: dict[str, dict[str, list[float]]] = {}
+    if n >= 2 and {"method", "head_name", "importance", "importance_se"} <= set(table.columns):
+        for row in table.itertuples():
+            if np.isfinite(row.importance_se):
+                half = float(t_half_width(row.importance_se * n ** 0.5, n))
+                intervals.setdefault(str(row.method), {})[str(row.head_name)] = [row.importance - half,
+                                                                                 row.importance + half]
+    return {"summary": summary, "intervals": intervals}
+
+
+def importance_words(name: str | None, heads: list[tuple[int, int, float]], facts: Mapping[str, Any] | None) -> str:
+    """'only L0H1's 95% interval excludes 0: L0H3, L0H0 are not distinguishable from 0 at 95%; L0H3, L1H1 tied within
+    rounding' for the shown heads ranked by importance (<method>), from the heads run's `facts` (heads_facts): the
+    heads finding's own intervals and its ties within rounding (tied_top_groups_<method>); '' when every shown head's
+    interval excludes 0 and none ties, or without facts (review 18w C1)."""
+    found = re.fullmatch(r"importance \((\w+)\)", str(name))
+    if not found or not facts:
+        return ""
+    method = found.group(1)
+    shown = [f"L{layer}H{head}" for layer, head, _ in heads]
+    ci = (facts.get("intervals") or {}).get(method) or {}
+    said = []
+    within = [h for h in shown if h in ci and ci[h][0] <= 0 <= ci[h][1]]
+    clear = [h for h in shown if h in ci and h not in within]
+    if within:
+        if not clear:
+            said.append(f"no shown head's 95% interval excludes 0 ({len(shown)} heads: not distinguishable from 0)")
+        else:
+            said.append(f"only {and_join(clear)}'s 95% interval{'' if len(clear) == 1 else 's'} exclude"
+                        f"{'s' if len(clear) == 1 else ''} 0: {and_join(within)} "
+                        f"{'is' if len(within) == 1 else 'are'} not distinguishable from 0 at 95%")
+    summary = facts.get("summary") or {}
+    for group in summary.get(f"tied_top_groups_{method}") or []:
+        tied = [str(h) for h in group if str(h) in shown]
+        if len(tied) > 1:
+            said.append(f"{and_join(tied)} tied within rounding (their order is arbitrary)")
+        elif tied:  # a tie across the cut: the head left out is as large as the one shown
+            said.append(f"{tied[0]} tied within rounding with {and_join([str(h) for h in group if str(h) != tied[0]])}"
+                        f" (not shown)")
+    return "; ".join(said)
 
 
 def masked_keys(data: Mapping[str, Any], example: int, layer: int) -> np.ndarray:
@@ -108,9 +172,11 @@ def role_bar_words(data: Mapping[str, Any], name: str | None) -> str:
 
 
 def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: int = 4, example: int = 0,
-                     quiet: str | None = None) -> Figure | None:
+                     quiet: str | None = None, facts: Mapping[str, Any] | None = None) -> Figure | None:
     """One panel per top head: its attention pattern (query row x key column) on one example; None without data.
-    `quiet`: why the heads analysis's scores are noise (plots.quiet_reason), see the module's docstring.
+    `quiet`: why the heads analysis's scores are noise (plots.quiet_reason), see the module's docstring. `facts`: the
+    heads run's intervals and ties (heads_facts): ranked by importance, the title says which shown heads' intervals
+    include 0 and which tie within rounding (importance_words), and then calls them the largest, not the top heads.
 
     Drawn with imshow and a constrained layout (one layout pass): seaborn's heatmap draws the
     figure again to check its tick labels, which made this the report's slowest figure. Past
@@ -146,8 +212,9 @@ def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: in
         ax.set_xlabel("key (attended to)")
         ax.set_ylabel("query" if ax is panels[0] else "")
     none = role_bar_words(data, name)  # review 18a B3: the highest scores of a role no head has are no role heads
-    top = f"the {len(heads)} largest {name} scores" if none else f"top {len(heads)} heads by {name}"
-    notes = "; ".join(x for x in (f"a pattern statistic: {why}" if why else "", none) if x)
+    weak = importance_words(name, heads, facts)  # review 18w C1: intervals that include 0, ties within rounding
+    top = f"the {len(heads)} largest {name} scores" if none or weak else f"top {len(heads)} heads by {name}"
+    notes = "; ".join(x for x in (f"a pattern statistic: {why}" if why else "", none, weak) if x)
     if noise:
         title = (f"{len(heads)} heads chosen by noise ({name} at chance), not the most important: attention on "
                  f"example {example + 1}\n{quiet}")
@@ -170,5 +237,8 @@ CAPTIONS = {  # what to read from the figure and its units, by figure stem
     "top_attention": "The top heads' attention patterns on one example: row = query token, column = key token, "
                      "colour = attention weight (0-1). On a sliding-window layer a hatched grey cell is a key outside "
                      "the query's window (masked, not zero attention). Heads ranked by a role score that no head "
-                     "reaches the role's threshold for are only the highest scores, not role heads; the title says so.",
+                     "reaches the role's threshold for are only the highest scores, not role heads; the title says so. "
+                     "Ranked by importance, the heads are the heads finding's order (largest first, signed: a head "
+                     "whose removal helps is not shown); the title says which shown heads' 95% intervals include 0 "
+                     "and which tie within rounding.",
 }

@@ -23,13 +23,14 @@ given), so both are handed the user's task as given; every other family is hande
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import random
 import time
 import traceback
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,14 +225,33 @@ def _resolve(model: Any, name: str, plan: Plan, config: Any) -> tuple[Any, tuple
         except Exception as err:  # noqa: BLE001 - the analysis reports its own errors when it runs
             log.info("%s: its task could not be resolved before the run (%s: %s)", name, type(err).__name__, err)
             task = None
-    return task, _named_warnings(name, caught)
+    return task, _named_warnings(name, caught, _reads_pairs(model, name, config))
 
 
-def _named_warnings(name: str, caught: Sequence[Any]) -> tuple[str, ...]:
+PAIRS_TAIL = "; the analyses that patch pairs leave those rows out, the others use every row."  # task_files._pairs
+PAIRS_WARNING = r".*corrupted prompt\(s\) have another token length"  # contract.SAMPLE_WARNINGS' pairs warning
+
+
+class PairsUnused(str):
+    """A pairs warning (task_files._pairs) of an analysis that patches no pairs: nothing changes for it, so it is no
+    warning; show_load_warnings folds these into one INFO line (review 18w C2)."""
+
+
+def _reads_pairs(model: Any, name: str, config: Any) -> bool:
+    """Whether analysis `name` patches clean/corrupted pairs under `config` (registry.reads: patching; circuits with its
+    edges on), so that a pair of two token lengths changes its rows."""
+    try:
+        return bool(registry.reads(name, model, config).corrupted)
+    except Exception:  # noqa: BLE001 - unknown: say it as a warning
+        return True
+
+
+def _named_warnings(name: str, caught: Sequence[Any], pairs: bool = True) -> tuple[str, ...]:
     """Review 18b C3: a report printed the unequal-token-length warning four times with four counts (one per
     analysis's sample, and again after the budget's cut) and never named the analysis. The sample warnings of one
     resolution, each opened with the analysis's name; the pairs warning ends with what this analysis does with those
-    rows. Other warnings are re-issued unchanged."""
+    rows, and is a PairsUnused note, not a warning, for an analysis that patches no `pairs` (review 18w C2: five of
+    seven warnings said "patches no pairs and uses every row"). Other warnings are re-issued unchanged."""
     import re
     import warnings
 
@@ -243,24 +263,72 @@ def _named_warnings(name: str, caught: Sequence[Any]) -> tuple[str, ...]:
         if not (issubclass(w.category, HeadscopeWarning) and any(re.match(m, text) for m in contract.SAMPLE_WARNINGS)):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             continue
-        tail = "; the analyses that patch pairs leave those rows out, the others use every row."
-        if text.endswith(tail):
-            pairs = registry.needs(name).corrupted
-            text = text[:-len(tail)] + (f"; {name} patches pairs and leaves those rows out." if pairs else
-                                        f"; {name} patches no pairs and uses every row.")
+        if text.endswith(PAIRS_TAIL):
+            if not pairs:
+                out.append(PairsUnused(f"{name}: {text[:-len(PAIRS_TAIL)]}"))
+                continue
+            text = text[:-len(PAIRS_TAIL)] + (f"; {name} patches pairs and leaves those rows out." if
+                                              registry.needs(name).corrupted else
+                                              f"; {name} leaves those rows out of the parts that patch pairs and uses "
+                                              "every row elsewhere.")
         out.append(f"{name}: {text}")
     return tuple(dict.fromkeys(out))
 
 
+def unused_pairs_line(notes: Sequence[str]) -> str:
+    """"Task file 'a.csv': heads (9 rows), kv (9) have corrupted prompts of another token length than their prompt;
+    these analyses patch no pairs and use every row." from PairsUnused notes ('' without)."""
+    import re
+
+    from headscope.models.hooked_model import and_join
+
+    by_label: dict[str, list[str]] = {}
+    for note in notes:
+        found = re.match(r"(?P<name>[^:]+): (?P<label>.*): (?P<n>\d+) corrupted prompt\(s\)", note)
+        if found:
+            said = by_label.setdefault(found["label"], [])
+            said.append(f"{found['name']} ({found['n']}{' rows' if not said else ''})")
+    lines = []
+    for label, said in by_label.items():
+        one = len(said) == 1
+        lines.append(f"{label}: {and_join(said)} {'has' if one else 'have'} corrupted prompts of another token length "
+                     f"than their prompt; {'this analysis patches' if one else 'these analyses patch'} no pairs and "
+                     f"{'uses' if one else 'use'} every row.")
+    return " ".join(lines)
+
+
 def show_load_warnings(plans: Mapping[str, Plan]) -> None:
-    """Each analysis's sample warnings (Plan.load_warnings), once, after the budget settled its sample."""
+    """Each analysis's sample warnings (Plan.load_warnings), once, after the budget settled its sample; the pairs notes
+    of analyses that patch no pairs (PairsUnused) as one INFO line."""
     import warnings
 
     from headscope.errors import HeadscopeWarning
 
+    unused = []
     for plan in plans.values():
         for text in plan.load_warnings:
-            warnings.warn(text, HeadscopeWarning, stacklevel=2)
+            if isinstance(text, PairsUnused):
+                unused.append(text)
+            else:
+                warnings.warn(text, HeadscopeWarning, stacklevel=2)
+    if unused:
+        log.info("%s", unused_pairs_line(unused))
+
+
+@contextlib.contextmanager
+def quiet_pairs(model: Any, name: str, config: Any) -> Iterator[None]:
+    """A context in which the pairs warning of a task analysis `name` loads itself (probes) is not shown when it patches
+    no pairs (review 18w C2: probes' load of all 40 rows warned of 17 rows it uses as they are)."""
+    import warnings
+
+    from headscope.errors import HeadscopeWarning
+
+    if _reads_pairs(model, name, config):
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PAIRS_WARNING, category=HeadscopeWarning)
+        yield
 
 
 def _resolution_settings(config: Any) -> tuple:
@@ -337,7 +405,8 @@ def run_planned(model: Any, name: str, plan: Plan, seed: int, analysis: Any = No
     start = time.perf_counter()
     try:
         run = analysis if analysis is not None else registry.get_analysis(name)
-        result = run(model, plan.run_task, plan.config)
+        with quiet_pairs(model, name, plan.config):  # probes loads its task here (review 18w C2)
+            result = run(model, plan.run_task, plan.config)
         if plan.fit is not None and dataclasses.is_dataclass(result) and isinstance(getattr(result, "summary", None), dict):
             result = dataclasses.replace(result, summary={**result.summary, "budget": plan.fit.summary()})
     except Exception as err:  # one failing analysis must not lose the others
@@ -363,7 +432,8 @@ def ran_on(model: Any, name: str, plan: Plan) -> Any:
         if name == "probes":
             from headscope.analyses.probes.analysis import probed_task
 
-            return probed_task(model, plan.task, plan.config)  # the rows it fitted (not those of a one-row answer)
+            with quiet_pairs(model, name, plan.config):  # its pairs are not read (review 18w C2)
+                return probed_task(model, plan.task, plan.config)  # the rows it fitted (not those of a one-row answer)
         if plan.resolved is not None:
             return registry.judged_rows(name, plan.resolved)
         return registry.task_used(name, model, plan.task, plan.config)

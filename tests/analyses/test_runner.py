@@ -354,33 +354,50 @@ def test_the_explorer_falls_back_to_the_users_prompt_answer_file_not_the_default
     assert [e["tokens"] for e in kept] == [e["tokens"] for e in runner.explorer_capture(model, None, fallback, []).examples]
 
 
-def test_each_analysis_says_its_unequal_pairs_once_by_name_after_the_budget(tiny_models, tmp_path):
-    """Review 18b C3: the CLI printed the unequal-token-length warning four times with four counts (each analysis's
-    sample, and again after the budget's cut) and never named the analysis. A 10-row file whose rows 1 and 4 have a
-    corrupted prompt one token short: heads (quick: 16, so all 10 rows) and patching (quick: 8 of them) each warn
-    once, after the budget, naming themselves, with the count of their own rows and what they do with them."""
+def test_each_analysis_says_its_unequal_pairs_once_by_name_after_the_budget(tiny_models, tmp_path, caplog):
+    """Reviews 18b C3, 18w C2: the CLI printed the unequal-token-length warning once per analysis, five of seven for
+    analyses that patch no pairs (nothing changes for them), and probes' own load of the whole file warned a seventh
+    time with a count no analysis had. A 20-row file whose rows 1, 4 and 12 have a corrupted prompt one token short:
+    patching (quick: 8 rows) and circuits (its edges patch pairs) each warn once, after the budget, naming themselves,
+    with the count of their own sampled rows; heads (quick: 16 of the 20) warns nothing and is one INFO line with its
+    count; probes (two answer classes to probe), run on all 20 rows (a load of its own), warns nothing."""
+    import logging
     import warnings
 
     from headscope.analyses.core import runner
 
     model, path = tiny_models["gpt2"], tmp_path / "t.jsonl"
-    rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": f" w{i + 3}", "wrong_answer": f" w{i + 4}",
-             "corrupted_prompt": f"w{i + 9} w{i + 1}" if i in (1, 4) else f"w{i + 9} w{i + 1} w{i + 2}"}
-            for i in range(10)]
+    rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": f" w{i % 2 + 3}", "wrong_answer": f" w{i % 2 + 5}",
+             "corrupted_prompt": f"w{i + 9} w{i + 1} w{i + 2}"}
+            for i in range(20)]
+    for i in (1, 4, 12):
+        rows[i]["corrupted_prompt"] = f"w{i + 9} w{i + 1}"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     held = hs.TaskFile(str(path)).held()
-    with warnings.catch_warnings(record=True) as caught:
+    names = ["heads", "patching", "circuits", "probes"]
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO, logger=runner.log.name):
         warnings.simplefilter("always")
-        plans = runner.plan_analyses(model, ["heads", "patching"], held)
-        plans = runner.resolve_plans(model, plans, ["heads", "patching"], dict(quick=True))
+        plans = runner.plan_analyses(model, names, held)
+        plans = runner.resolve_plans(model, plans, names, dict(quick=True))
         before = [str(w.message) for w in caught if "another token length" in str(w.message)]
         runner.apply_budget(model, plans, {})
-    said = [str(w.message) for w in caught if "another token length" in str(w.message)]
+        said = [str(w.message) for w in caught if "another token length" in str(w.message)]
+        probes = runner.run_planned(model, "probes", plans["probes"], seed=0)
+    assert probes.failure is None and probes.result.summary["n_examples"] == 20  # it loaded all 20 rows itself
     assert before == [] and len(said) == 2, said
-    patched = plans["patching"].resolved.source_rows.tolist()
-    short = [r for r in patched if r in (1, 4)]  # the sampled rows whose corrupted prompt is short
-    assert said[0].startswith(f"heads: Task file {str(path)!r}: 2 corrupted prompt(s) have another token length")
-    assert said[0].endswith("; heads patches no pairs and uses every row.")
-    assert len(patched) == 8 and short  # seed 0's sample holds at least one of them (else patching would not warn)
-    assert said[1].startswith(f"patching: Task file {str(path)!r}: {len(short)} corrupted prompt(s) have another")
-    assert said[1].endswith("; patching patches pairs and leaves those rows out.")
+    assert [str(w.message) for w in caught if "another token length" in str(w.message)] == said  # probes: none
+    short = {}
+    for name in ("heads", "patching", "circuits"):  # the sampled rows whose corrupted prompt is short
+        short[name] = [r for r in plans[name].resolved.source_rows.tolist() if r in (1, 4, 12)]
+        assert short[name]  # seed 0's sample holds at least one of them (else it would not warn)
+    assert len(plans["patching"].resolved.source_rows) == 8
+    assert said[0].startswith(f"patching: Task file {str(path)!r}: {len(short['patching'])} corrupted prompt(s) have "
+                              f"another token length than their prompt (line {short['patching'][0] + 1}, row "
+                              f"{short['patching'][0]}: ")
+    assert said[0].endswith("; patching patches pairs and leaves those rows out.")
+    assert said[1].startswith(f"circuits: Task file {str(path)!r}: {len(short['circuits'])} corrupted prompt(s) have")
+    assert said[1].endswith("; circuits leaves those rows out of the parts that patch pairs and uses every row elsewhere.")
+    info = [r.getMessage() for r in caplog.records if "another token length" in r.getMessage()]
+    assert len(plans["heads"].resolved) == 16
+    assert info == [f"Task file {str(path)!r}: heads ({len(short['heads'])} rows) has corrupted prompts of another "
+                    "token length than their prompt; this analysis patches no pairs and uses every row."]
