@@ -124,7 +124,7 @@ def test_attribution_section_reads_a_masked_lm_cloze_file_at_its_mask(fruit_bert
     plan = runner.plan_analyses(model, ["attribution"], path)["attribution"]
     assert plan.used == "your task (fruit_cloze.jsonl)"
     config = AttributionConfig(quick=True, n_examples=4, n_permutations=2, adversarial_steps=0)
-    plan = dataclasses.replace(plan, config=config, resolved=runner._resolve(model, "attribution", plan, config))
+    plan = dataclasses.replace(plan, config=config, resolved=runner._resolve(model, "attribution", plan, config)[0])
     outcome = runner.run_planned(model, "attribution", plan, seed=0)
     s = outcome.result.summary
     assert s["metric"] == "logit_diff" and s["mask_read"]["mask_token"] == "[MASK]"
