@@ -120,7 +120,7 @@ def importance_words(name: str | None, heads: list[tuple[int, int, float]], fact
             said.append(f"only {and_join(clear)}'s 95% interval{'' if len(clear) == 1 else 's'} exclude"
                         f"{'s' if len(clear) == 1 else ''} 0: {and_join(within)} "
                         f"{'is' if len(within) == 1 else 'are'} not distinguishable from 0 at 95%")
-    summary = facts.get("summary") or {}
+    summary = facts.get("summary") if isinstance(facts.get("summary"), Mapping) else {}  # a damaged file: no ties
     for group in summary.get(f"tied_top_groups_{method}") or []:
         tied = [str(h) for h in group if str(h) in shown]
         if len(tied) > 1:

@@ -324,7 +324,7 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
     scored = list(range(1, n - 1))
     windows = layer_windows(model)
     per_head, roll = am.attention_scores(model, tokens, at)  # [g, layer, head, pos], [g, pos]
-    grads = am.gradient_scores(model, tokens, forward, args)
+    grads = am.gradient_scores(model, tokens, forward, args, at)
     gxi_ranked, gxi_rows = gradient_rounding(grads, idx, model.dtype, at)  # [g, pos]: scores within the floor tied at 0
     ig, delta, steps, delta_half = am.integrated_gradients(
         model, tokens, ig_baselines(tokens, baseline, at), forward, args,

@@ -236,13 +236,14 @@ def rollout(layer_means: torch.Tensor) -> torch.Tensor:
 
 
 # ---- gradients (Captum) -------------------------------------------------------------------------
-def gradient_scores(model, tokens: torch.Tensor, forward: Forward, targets: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+def gradient_scores(model, tokens: torch.Tensor, forward: Forward, targets: Sequence[torch.Tensor],
+                    at: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Saliency (L2 norm of d metric / d embedding), |gradient x input| per token and that product's rounding floor.
 
     The gradient comes from Captum's LayerGradientXActivation on hook_embed (multiply_by_inputs off), what the first
     block reads (module doc); the product with the embedding and its sum over d_model run in float32 (review 18e A1:
     in bfloat16 the sum of a near-cancelling dot product added its own rounding). The floor (gradient_floor) bounds
-    what the gradient's own rounding in the model's dtype can make of that product.
+    what the gradient's own rounding in the model's dtype can make of that product (at [batch]: a masked LM's mask).
     Returns {"saliency": [batch, pos], "grad_x_input": [batch, pos], "grad_x_input_floor": [batch, pos]}.
     """
     from captum.attr import LayerGradientXActivation
@@ -258,10 +259,11 @@ def gradient_scores(model, tokens: torch.Tensor, forward: Forward, targets: Sequ
             handle.remove()
     g, x = grad.detach().float(), seen[-1].float()  # [batch, pos, d_model] each: the gradient and the embedding
     return {"saliency": g.norm(dim=-1), "grad_x_input": (g * x).sum(-1).abs(),
-            "grad_x_input_floor": gradient_floor(grad.dtype, g.norm(dim=-1), x.norm(dim=-1))}
+            "grad_x_input_floor": gradient_floor(grad.dtype, g.norm(dim=-1), x.norm(dim=-1), at)}
 
 
-def gradient_floor(dtype: torch.dtype, grad_norm: torch.Tensor, input_norm: torch.Tensor) -> torch.Tensor:
+def gradient_floor(dtype: torch.dtype, grad_norm: torch.Tensor, input_norm: torch.Tensor,
+                   at: torch.Tensor | None = None) -> torch.Tensor:
     """Rounding floor of |gradient x input| per token -> [batch, pos]: eps(dtype) x max over the example's ranked
     tokens (the first and the last left out, as in every ranking; all where fewer than 3) of |gradient| x the token's
     |embedding| (grad_norm, input_norm [batch, pos]). The last token's own gradient (its direct path to the output)
@@ -275,6 +277,11 @@ def gradient_floor(dtype: torch.dtype, grad_norm: torch.Tensor, input_norm: torc
     the token's own gradient fell short by up to 16x; the bfloat16 scores were all within it. A score within it is
     rounding and says nothing of the token's importance."""
     ranked = grad_norm[..., 1:-1] if grad_norm.shape[-1] >= 3 else grad_norm  # [batch, pos - 2]
+    if at is not None and grad_norm.shape[-1] >= 3:  # a masked LM's scored mask: its direct path, as the last token's
+        keep = torch.zeros_like(grad_norm, dtype=torch.bool)  # [batch, pos]
+        keep[:, 1:-1] = True
+        keep[torch.arange(len(at), device=keep.device), at.to(keep.device)] = False
+        ranked = grad_norm.masked_fill(~keep, 0.0)
     return torch.finfo(dtype).eps * ranked.amax(-1, keepdim=True) * input_norm
 
 

@@ -246,6 +246,10 @@ def _reads_pairs(model: Any, name: str, config: Any) -> bool:
         return True
 
 
+_REISSUED: set = set()  # other warnings re-issued: one every analysis's resolution raises is shown once (a registry
+# would not do: catch_warnings clears it), as Python's default filter shows a warning once per place
+
+
 def _named_warnings(name: str, caught: Sequence[Any], pairs: bool = True) -> tuple[str, ...]:
     """Review 18b C3: a report printed the unequal-token-length warning four times with four counts (one per
     analysis's sample, and again after the budget's cut) and never named the analysis. The sample warnings of one
@@ -261,7 +265,10 @@ def _named_warnings(name: str, caught: Sequence[Any], pairs: bool = True) -> tup
     for w in caught:
         text = str(w.message)
         if not (issubclass(w.category, HeadscopeWarning) and any(re.match(m, text) for m in contract.SAMPLE_WARNINGS)):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            key = (w.category, text, w.filename, w.lineno)
+            if key not in _REISSUED:  # once per message and place, as the default filter shows them
+                _REISSUED.add(key)
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             continue
         if text.endswith(PAIRS_TAIL):
             if not pairs:

@@ -1421,3 +1421,15 @@ def test_a_masked_lm_is_attributed_at_its_mask_as_plain_hf(tiny_mlm):
     assert diff.summary["metric"] == "logit_diff"
     assert diff.tables["ig"].set_index("example").loc[0, "metric_input"] == pytest.approx(
         float(logits[20] - logits[30]), rel=1e-6)
+
+
+def test_gradient_floor_leaves_a_masked_lms_scored_mask_out_of_its_maximum():
+    """The floor is eps x the largest |g| of the ranked tokens x each |x|: a masked LM's mask (its direct path, like a
+    decoder's last token) is left out as the first and last are; by hand on one row."""
+    grad_norm = torch.tensor([[100.0, 2.0, 50.0, 3.0, 90.0]])  # [1, pos]: the mask at 2
+    input_norm = torch.tensor([[1.0, 2.0, 1.0, 0.5, 1.0]])
+    eps = torch.finfo(torch.bfloat16).eps
+    plain = am.gradient_floor(torch.bfloat16, grad_norm, input_norm)
+    masked = am.gradient_floor(torch.bfloat16, grad_norm, input_norm, torch.tensor([2]))
+    assert torch.allclose(plain, eps * 50.0 * input_norm)
+    assert torch.allclose(masked, eps * 3.0 * input_norm)

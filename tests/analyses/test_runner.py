@@ -401,3 +401,19 @@ def test_each_analysis_says_its_unequal_pairs_once_by_name_after_the_budget(tiny
     assert len(plans["heads"].resolved) == 16
     assert info == [f"Task file {str(path)!r}: heads ({len(short['heads'])} rows) has corrupted prompts of another "
                     "token length than their prompt; this analysis patches no pairs and uses every row."]
+
+
+def test_other_warnings_of_each_resolution_are_reissued_once():
+    """A warning every analysis's task resolution raises (not a sample warning) is shown once, not once per analysis."""
+    import warnings
+
+    from headscope.analyses.core import runner as hs_runner
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        for name in ("heads", "patching", "kv"):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                warnings.warn("a column was read as text: review 18 diff-read", UserWarning, stacklevel=1)
+            hs_runner._named_warnings(name, caught)
+    assert [str(w.message) for w in shown] == ["a column was read as text: review 18 diff-read"]
