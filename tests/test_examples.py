@@ -35,7 +35,8 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     one = next(h for h in html if "effect (resid_pre)" in h)
     assert "<img" not in one and len(one) < 20_000
     tokens = next(h for h in html if "headscope-tokens" in h)
-    assert tokens.count(">k44</span>") == 2 * 3 and ">;</span>" in tokens  # k44 twice on each method's line
+    rows = tokens.count("<tr>")  # one table row per method (review 18e C2: every method, tokens aligned in columns)
+    assert rows >= 6 and tokens.count(">k44</td>") == 2 * rows and ">;</td>" in tokens  # k44 twice on each row
     assert sum("<b>L1H0</b>" in h and "<b>L1H1</b>" in h for h in html) == 1
     assert any("report.html" in str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     plotted, own, backend = (cell.get("outputs", []) for cell in nb.cells[-3:])

@@ -34,6 +34,19 @@ def falcon_h1_config():
                    mamba_d_state=4, mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=8, max_position_embeddings=64)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _local_mamba_kernels():
+    """transformers 5.9.0 with `kernels` installed fetches causal-conv1d from the Hub when it builds a Mamba layer and
+    does not catch offline mode (HF_HUB_OFFLINE=1; later versions fall back): build the hybrids on the local path."""
+    from transformers.integrations import hub_kernels
+
+    patch = pytest.MonkeyPatch()
+    if hasattr(hub_kernels, "_kernels_available"):
+        patch.setattr(hub_kernels, "_kernels_available", False)
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="module")
 def hybrid_dirs(tmp_path_factory):
     """{"jamba": (folder, hf model), "falcon_h1": (folder, hf model)}, random, word-level tokenizer."""
