@@ -48,9 +48,13 @@ def embedding_scales(bridge: Any) -> tuple[float, float]:
 def module_score_scale(bridge: Any, d_head: int) -> float | None:
     """The attention scores' scale from the Hugging Face attention modules' own `scaling` (what their forward
     multiplies q k^T by) where every block's agrees and it is not 1/sqrt(d_head) (Gemma 2/3:
-    query_pre_attn_scalar^-0.5), else None."""
+    query_pre_attn_scalar^-0.5); GPT-Neo's 1 (its scores are not scaled, and its modules hold no `scaling`); else
+    None."""
     from headscope.models.hooked_model import raw_module  # it imports this module
 
+    config = getattr(getattr(bridge, "original_model", None), "config", None)
+    if getattr(config, "model_type", None) == "gpt_neo":  # GPTNeoSelfAttention multiplies q k^T by nothing (no `scaling`)
+        return 1.0
     values = set()
     for block in getattr(bridge, "blocks", None) or []:
         attn = getattr(block, "attn", None)
@@ -184,7 +188,9 @@ def tl_config_fields(facts: Any, windows: Sequence[int | None], embed_inside: fl
     "local"/"global" per layer, rotary_base the global layers' base and rotary_base_local the sliding ones' where
     they differ, scale_embedding where the embedding is x sqrt(d_model)); only fields the facts decide."""
     out: dict[str, Any] = {}
-    if facts.attention_scale is not None:
+    if facts.attention_scale == 1.0:  # GPT-Neo: TransformerLens's own config for it turns the scale off
+        out.update(use_attn_scale=False, attn_scale=1.0)
+    elif facts.attention_scale is not None:
         out.update(use_attn_scale=True, attn_scale=1.0 / facts.attention_scale)
     if facts.qk_norm:
         out["use_qk_norm"] = True

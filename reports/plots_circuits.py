@@ -33,7 +33,7 @@ from headscope.reports.plots import (
     quiet_reason,
     symmetric_bound,
 )
-from headscope.reports.plots_experts import experts_figure
+from headscope.reports.plots_experts import dla_units, experts_figure
 
 
 def from_end(lens: pd.DataFrame) -> pd.DataFrame | None:
@@ -177,14 +177,6 @@ def lens_figure(data: pd.DataFrame, *, n_answers: int | None = None, means: Mapp
         heat.set_title(f"Logit lens\nonly {n_answers} distinct answers: a constant guess already ranks them high;\n"
                        f"the logit difference (right) is the measure of the answer column")
     return fig
-
-
-def dla_units(cap: float | None) -> str:
-    """DLA's axis label: "direct logit attribution (logits)", or where the model soft-caps its final logits (the
-    summary's dla_final_softcap) the logits before that cap, which the rows add up to (review 18d C2)."""
-    if not cap:
-        return "direct logit attribution (logits)"
-    return f"direct logit attribution\n(logits before the final soft-cap {cap:g} tanh(x / {cap:g}))"
 
 
 def plot_dla_heads(data: pd.DataFrame, *, quiet: str | None = None, cap: float | None = None, ax=None):
@@ -465,7 +457,7 @@ def figures(result, **kwargs) -> dict:
         "circuits_dla_components": ("dla", lambda data: mute_drawn(plot_dla_components(
             data, moe=moe_layers(s), zero=s.get("dla_zero_components"), cap=cap), quiet)),  # review 14a C4: muted
         "circuits_dla_experts": ("dla_experts_mean", lambda data: experts_figure(
-            data, dla=tables.get("dla"), quiet=quiet).axes[0]),
+            data, dla=tables.get("dla"), quiet=quiet, cap=cap).axes[0]),
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),
         "circuits_mib": ("mib", lambda data: plot_mib(data, cpr=s.get("mib_cpr"), cmd=s.get("mib_cmd"), unreported=off,
                                                       cpr_ci=s.get("mib_cpr_ci"), cmd_ci=s.get("mib_cmd_ci"))),

@@ -48,17 +48,27 @@ def layer_totals(dla: pd.DataFrame | None, means: pd.DataFrame) -> dict[int, tup
     return out
 
 
-def experts_figure(data: pd.DataFrame, *, dla: pd.DataFrame | None = None, quiet: str | None = None):
+def dla_units(cap: float | None) -> str:
+    """DLA's axis label: "direct logit attribution (logits)", or where the model soft-caps its final logits (the
+    summary's dla_final_softcap) the logits before that cap, which the rows add up to (review 18d C2)."""
+    if not cap:
+        return "direct logit attribution (logits)"
+    return f"direct logit attribution\n(logits before the final soft-cap {cap:g} tanh(x / {cap:g}))"
+
+
+def experts_figure(data: pd.DataFrame, *, dla: pd.DataFrame | None = None, quiet: str | None = None,
+                   cap: float | None = None):
     """`data`: the dla_experts_mean table (layer, expert, shared, contribution, ci_low, ci_high, n, n_routed); `dla`:
     the dla table, for each layer's total. -> Figure, one panel per MoE layer on one scale symmetric about 0;
-    `quiet` (plots.quiet_reason) mutes the bars and says why in the title."""
+    `quiet` (plots.quiet_reason) mutes the bars and says why in the title; `cap`: the model's final soft-cap (the
+    logits are before it, as DLA's other figures say)."""
     import matplotlib.pyplot as plt
 
     layers = sorted(int(l) for l in data.layer.unique())
     totals = layer_totals(dla, data)
     bars = max(int((data.layer == l).sum()) for l in layers) + 1  # experts and the total
     if bars > MAX_BARS + 1 or len(layers) > MAX_PANELS:
-        return experts_map(data, totals=totals, quiet=quiet)
+        return experts_map(data, totals=totals, quiet=quiet, cap=cap)
     cols = min(PER_ROW, len(layers))
     rows = math.ceil(len(layers) / cols)
     fig, grid = plt.subplots(rows, cols, figsize=(max(3.2, 0.55 * bars + 1.2) * cols, 3.6 * rows + 0.6),
@@ -94,14 +104,15 @@ def experts_figure(data: pd.DataFrame, *, dla: pd.DataFrame | None = None, quiet
     for ax in grid.ravel()[len(layers):]:
         ax.set_visible(False)
     for ax in grid[:, 0]:
-        ax.set_ylabel("direct logit attribution (logits)", fontsize=9)
+        ax.set_ylabel(dla_units(cap), fontsize=9)
     head = "Direct logit attribution per expert: mean and 95% CI over examples"
     fig.suptitle(head + (f"\n{quiet}" if quiet else ""), fontsize=11)
     fig.tight_layout()
     return fig
 
 
-def experts_map(data: pd.DataFrame, *, totals: dict[int, tuple[float, float, float, int]], quiet: str | None = None):
+def experts_map(data: pd.DataFrame, *, totals: dict[int, tuple[float, float, float, int]], quiet: str | None = None,
+                cap: float | None = None):
     """The many-expert view: MoE layers (rows) x experts (columns), each cell an expert's mean DLA (logits) on
     DIVERGING centred on 0, then "shared" (where the model has one) and "total" (the layer's mlpN) right of a line;
     experts the router never chose for any example hatched (0 by construction). x tick labels that would collide
@@ -126,7 +137,7 @@ def experts_map(data: pd.DataFrame, *, totals: dict[int, tuple[float, float, flo
     fig, ax = plt.subplots(figsize=(width, min(30.0, max(3.0, 0.3 * values.shape[0] + 1.8))))
     bound = symmetric_bound(values)
     sns.heatmap(values, ax=ax, **color_scale(bound=bound, is_signed=True, quiet=bool(quiet)),
-                cbar_kws={"label": "direct logit attribution (logits)"}, xticklabels=names,
+                cbar_kws={"label": dla_units(cap)}, xticklabels=names,
                 yticklabels=[str(int(l)) for l in grid.index])
     mask = np.zeros(values.shape, dtype=bool)
     mask[:, :never.shape[1]] = never.to_numpy() == 0

@@ -157,7 +157,7 @@ def test_header_and_repr_name_the_local_layers(neo):
     from headscope.models.hooked_model import window_words
 
     model, _ = neo
-    assert "n_ctx=64, sliding_window=4 on layer 1, dtype=float32" in repr(model)
+    assert "n_ctx=64, sliding_window=4 on layer 1, attention_scale=1 (not 1/sqrt(16)), dtype=float32" in repr(model)
     assert window_words({"1": 4}, 2) == "layer 1 attends over a sliding window of 4 keys (the others globally)"
     assert window_words((None, 8, None, 8)) == "layers 1, 3 attend over a sliding window of 8 keys (the others globally)"
     assert window_words((4096, 4096)) == "every layer attends over a sliding window of 4096 keys"
@@ -197,3 +197,28 @@ def test_report_header_names_the_local_layers_from_the_manifest(tmp_path):
     write_report_files(tmp_path, [], {}, model)
     assert ("<p>GPTNeoForCausalLM, 4 layers x 6 heads, d_model 96, layers 1, 3 attend over a sliding window of 8 keys "
             "(the others globally).") in (tmp_path / "report.html").read_text()
+
+
+def test_attention_scale_is_gpt_neos_unscaled_scores_in_facts_cfg_and_repr(neo):
+    """GPT-Neo multiplies q k^T by nothing, where every other family scales by 1/sqrt(d_head): facts.attention_scale was
+    None (read as 1/sqrt(16)) and model.cfg said use_attn_scale with attn_scale -1. By hand on layer 0 (global): softmax of
+    the unscaled q k^T under the causal mask equals Hugging Face's attention weights, and the 1/4 scale does not; so
+    facts say 1, cfg says use_attn_scale False (TransformerLens's own GPT-Neo config), print(model) names it."""
+    model, hf = neo
+    tokens = random_tokens(1, N, seed=4)
+    with torch.no_grad():
+        out = hf(tokens, output_attentions=True, output_hidden_states=True)
+        block = hf.transformer.h[0]
+        x = block.ln_1(out.hidden_states[0])  # [1, N, 64]
+        attn = block.attn.attention
+        q, k = (t.view(1, N, 4, 16).transpose(1, 2) for t in (attn.q_proj(x), attn.k_proj(x)))  # [1, H, N, 16]
+        scores = q @ k.transpose(-1, -2)  # [1, H, N, N], unscaled
+        causal = torch.ones(N, N, dtype=torch.bool).tril()
+
+    def by_hand(s):
+        return s.masked_fill(~causal, float("-inf")).softmax(-1)
+    torch.testing.assert_close(by_hand(scores), out.attentions[0], atol=1e-6, rtol=0)
+    assert (by_hand(scores / 4) - out.attentions[0]).abs().max() > 1e-3  # the scale matters on this model
+    assert model.facts.attention_scale == 1.0
+    assert (model.cfg.use_attn_scale, model.cfg.attn_scale) == (False, 1.0)
+    assert "attention_scale=1 (not 1/sqrt(16))" in repr(model)

@@ -3015,6 +3015,25 @@ def test_dla_per_expert_draws_each_moe_layers_experts_and_total_on_one_zero_cent
         plt.close("all")
 
 
+def test_dla_per_expert_says_its_logits_are_before_a_final_soft_cap_in_both_views():
+    """The per-expert DLA figure read "(logits)" while the other DLA figures of a soft-capped model say the logits are
+    before the cap (the rows add up to the capped model's pre-cap logit difference): with a cap, the bar view's y label
+    and the many-expert map's colour bar say "before the final soft-cap 30 tanh(x / 30)"; without one, "(logits)"."""
+    from headscope.reports.plots_experts import experts_figure
+
+    def table(experts):
+        return pd.DataFrame([{"layer": l, "expert": e, "shared": False, "contribution": 0.1 * (e - 1), "ci_low": -0.5,
+                              "ci_high": 0.5, "n": 8, "n_routed": 2} for l in (0, 1) for e in range(experts)])
+    try:
+        bars = experts_figure(table(4), cap=30.0)
+        assert bars.axes[0].get_ylabel() == "direct logit attribution\n(logits before the final soft-cap 30 tanh(x / 30))"
+        wide = experts_figure(table(40), cap=30.0)
+        assert wide.axes[-1].get_ylabel().endswith("(logits before the final soft-cap 30 tanh(x / 30))")
+        assert experts_figure(table(4)).axes[0].get_ylabel() == "direct logit attribution (logits)"
+    finally:
+        plt.close("all")
+
+
 def test_dla_per_expert_of_many_experts_is_one_zero_centred_map_with_the_shared_and_total_columns_named():
     """#34 items 3 and 7, at a real MoE's width (Qwen1.5-MoE: 60 routed experts and a shared one a layer): bars would
     be unreadable, so 10 MoE layers x 40 experts draw one map, layers (rows) x experts (columns), the table's means
