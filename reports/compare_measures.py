@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _analysis_settings, _number, noise_verdict
+from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _analysis_settings, _number, layers_by_noise
 from headscope.reports.findings import _chance, _words, ci_pair, fisher_interval, t_interval
 
 Quantity = tuple[str, Any, "tuple[float, float] | None", Any, str]  # (label, value, its finding's interval, n, unit)
@@ -241,28 +241,15 @@ def _layers_note(label: str, ra: dict, rb: dict, value: str, unit: str, differ: 
     n = _n_text(ra[min(ra)].get("n"), rb[min(rb)].get("n"), unit)
     if rounding is not None:
         return _rounded_layers(label, ra, rb, value, n, rounding)
-    kinds: dict[str, list[str]] = {"within": [], "beyond": [], "unknown": []}
+    layers = []
     for layer in sorted(ra):
         a, b = ra[layer], rb[layer]
         ia, ib = ci_pair(a.get("ci"), ordered=True), ci_pair(b.get("ci"), ordered=True)
-        verdict = noise_verdict(a[value], b[value], ia, ib)
-        kind = "within" if verdict.startswith(" (within") else "beyond" if verdict.startswith(" (beyond") else "unknown"
         band = [f" [{i[0]:.2f}, {i[1]:.2f}]" if i else "" for i in (ia, ib)]
-        kinds[kind].append(f"layer {layer} A {a[value]:.2f}{band[0]}, B {b[value]:.2f}{band[1]}")
-    many = len(ra) > 6  # as the findings: many layers are summarised, those that differ are named
-
-    def listed(items: list[str]) -> str:
-        return f"{len(items)} layers" if many and len(items) > 3 else "; ".join(items)
-
-    if kinds["beyond"]:
-        rest = f"; within noise: {listed(kinds['within'])}" if kinds["within"] else ""
-        unknown = f"; no interval{why_none}: {'; '.join(kinds['unknown'])}" if kinds["unknown"] else ""
-        return [f"{label}: beyond noise (|B - A| past the two 95% CIs' combined half-widths) in "
-                f"{'; '.join(kinds['beyond'])}{rest}{unknown} ({n})."]
-    if kinds["unknown"]:
-        return [NOT_COMPARED + f"{label}: not compared{why_none}: {'; '.join(kinds['unknown'])} ({n})" + NOT_STATED]
-    return [SAME + f"{label}: within noise in every layer (|B - A| inside the two 95% CIs' combined half-widths): "
-            f"{listed(kinds['within'])} ({n})."]
+        layers.append((f"layer {layer} A {a[value]:.2f}{band[0]}, B {b[value]:.2f}{band[1]}", a[value], b[value], ia, ib))
+    # as the findings: many layers are summarised, those that differ are named
+    return layers_by_noise(layers, label, n, lambda none: f"{label}: not compared{why_none}: {none} ({n})" + NOT_STATED,
+                           count_many=True, why_none=why_none)
 
 
 def _sink_baseline_words(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:

@@ -15,7 +15,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.compare_run import NOT_COMPARED, ROUNDING, SAME, SIDES, _number, dtype_step, noise_verdict
+from headscope.reports.compare_run import (
+    NOT_COMPARED,
+    ROUNDING,
+    SAME,
+    SIDES,
+    _number,
+    dtype_step,
+    layers_by_noise,
+    noise_verdict,
+)
 from headscope.reports.patching_aligned import RESIDUAL_ORDER, _fine, _token_words
 from headscope.reports.patching_sites import share, tied
 
@@ -83,26 +92,16 @@ def corrupted_token_notes(sums: list[Mapping[str, Any]], gaps: list, floor: Any,
         return [ROUNDING + f"{label}: layer {k} moved most: A {ea:.3g}, B {eb:.3g}, |B - A| = {abs(eb - ea):.3g}{unit}, "
                 f"within {rounding.low}'s rounding step there ({step:.3g}: {words}), as every layer; every layer: "
                 f"{listed} ({n})."]
-    kinds: dict[str, list[str]] = {"within": [], "beyond": [], "unknown": []}
+    shares = []
     for k in layers:
         said = [share(r[k], gap, bool(s.get("normalized"))) for r, gap, s in zip((ra, rb), gaps, sums)]
         if any(x is None for x in said):
             return []
         (va, ia), (vb, ib) = said
-        verdict = noise_verdict(va, vb, ia, ib)
-        group = "within" if verdict.startswith(" (within") else "beyond" if verdict.startswith(" (beyond") else "unknown"
-        kinds[group].append(f"layer {k} A {_said(va, ia)}, B {_said(vb, ib)}")
-    share_words = "as a share of each run's clean-corrupted gap with its 95% CI"
-    if kinds["beyond"]:
-        rest = f"; within noise: {'; '.join(kinds['within'])}" if kinds["within"] else ""
-        unknown = f"; no interval: {'; '.join(kinds['unknown'])}" if kinds["unknown"] else ""
-        return [f"{label}, {share_words}: beyond noise (|B - A| past the two 95% CIs' combined half-widths) in "
-                f"{'; '.join(kinds['beyond'])}{rest}{unknown} ({n})."]
-    if kinds["unknown"]:
-        return [NOT_COMPARED + f"{label}: not compared: no interval in {'; '.join(kinds['unknown'])} ({n}): whether "
-                "this is beyond noise is not known."]
-    return [SAME + f"{label}, {share_words}: within noise in every layer (|B - A| inside the two 95% CIs' combined "
-            f"half-widths): {'; '.join(kinds['within'])} ({n})."]
+        shares.append((f"layer {k} A {_said(va, ia)}, B {_said(vb, ib)}", va, vb, ia, ib))
+    return layers_by_noise(shares, f"{label}, as a share of each run's clean-corrupted gap with its 95% CI", n,
+                           lambda none: f"{label}: not compared: no interval in {none} ({n}): whether this is beyond "
+                           "noise is not known.")
 
 
 def _paths(s: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -378,6 +378,35 @@ def noise_verdict(va: float, vb: float, ia: tuple[float, float] | None, ib: tupl
                 f" (within noise: |B - A| = {diff:.3g} equals the combined half-widths, not beyond them; the intervals "
                 f"coincide, 95% CI [{ia[0]:.3g}, {ia[1]:.3g}] in both).")
     return f" (beyond noise: |B - A| = {diff:.3g} exceeds the combined half-widths {half:.3g}; {spans})."
+
+
+def layers_by_noise(layers: Sequence[tuple[str, float, float, Any, Any]], lead: str, n: str,
+                    unknown: Callable[[str], str], *, count_many: bool = False, why_none: str = "") -> list[str]:
+    """One note on per-layer values of A and B (`layers`: each layer's words, its A and B values and 95% intervals),
+    each layer grouped by noise_verdict: beyond noise where any layer is (naming those, then the others within and
+    those without an interval), within noise in every layer (SAME), else the not-compared sentence `unknown` makes of
+    the layers without an interval (NOT_COMPARED). `lead` opens the beyond and within sentences; n: the example count in
+    words; count_many: over 6 layers, more than 3 within noise are counted, not listed (as the findings summarise);
+    why_none: why a layer has no interval, after "no interval"."""
+    kinds: dict[str, list[str]] = {"within": [], "beyond": [], "unknown": []}
+    for text, va, vb, ia, ib in layers:
+        verdict = noise_verdict(va, vb, ia, ib)
+        kind = "within" if verdict.startswith(" (within") else "beyond" if verdict.startswith(" (beyond") else "unknown"
+        kinds[kind].append(text)
+    many = count_many and len(layers) > 6
+
+    def listed(items: list[str]) -> str:
+        return f"{len(items)} layers" if many and len(items) > 3 else "; ".join(items)
+
+    if kinds["beyond"]:
+        rest = f"; within noise: {listed(kinds['within'])}" if kinds["within"] else ""
+        none = f"; no interval{why_none}: {'; '.join(kinds['unknown'])}" if kinds["unknown"] else ""
+        return [f"{lead}: beyond noise (|B - A| past the two 95% CIs' combined half-widths) in "
+                f"{'; '.join(kinds['beyond'])}{rest}{none} ({n})."]
+    if kinds["unknown"]:
+        return [NOT_COMPARED + unknown("; ".join(kinds["unknown"]))]
+    return [SAME + f"{lead}: within noise in every layer (|B - A| inside the two 95% CIs' combined half-widths): "
+            f"{listed(kinds['within'])} ({n})."]
 
 
 def same_rows(a: Run, b: Run, name: str) -> bool:

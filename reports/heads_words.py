@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.analyses.core.chance import metric_ci, t_half_width
+from headscope.analyses.core.chance import metric_ci, se_interval
 from headscope.analyses.heads.roles import ROLE_THRESHOLDS
 from headscope.models.hooked_model import window_words
 from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, ci_pair, ci_words, ordinal
@@ -655,8 +655,8 @@ def _redundancy_words(s: Mapping[str, Any], metric: str) -> list[str]:
             continue
         layer, n, joint = entry["layer"], int(_num(entry.get("n_examples")) or 0), entry["layer_removed_change"]
         se = _num(entry.get("layer_removed_change_se"))
-        half = float(t_half_width(se * n ** 0.5, n)) if se is not None and n > 1 else None  # se = sd / sqrt(n)
-        span = f", 95% CI [{joint - half:+.3g}, {joint + half:+.3g}]" if half is not None and math.isfinite(half) else ""
+        ci = se_interval(joint, se, n)  # se = sd / sqrt(n)
+        span = f", 95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci is not None else ""
         said.append(
             f"Layer {layer}'s {entry['n_heads']} heads are redundant: removing all of them changes the {metric} by "
             f"{joint:+.3g}{span} over {n} examples, while no one head's own ablation moves it by more than "

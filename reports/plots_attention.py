@@ -80,7 +80,7 @@ def heads_facts(folder: Any) -> dict[str, Any] | None:
 
     import pandas as pd
 
-    from headscope.analyses.core.chance import t_half_width
+    from headscope.analyses.core.chance import se_interval
 
     heads = Path(folder) / "heads"
     try:
@@ -92,10 +92,9 @@ def heads_facts(folder: Any) -> dict[str, Any] | None:
     intervals: dict[str, dict[str, list[float]]] = {}
     if n >= 2 and {"method", "head_name", "importance", "importance_se"} <= set(table.columns):
         for row in table.itertuples():
-            if np.isfinite(row.importance_se):
-                half = float(t_half_width(row.importance_se * n ** 0.5, n))
-                intervals.setdefault(str(row.method), {})[str(row.head_name)] = [row.importance - half,
-                                                                                 row.importance + half]
+            ci = se_interval(row.importance, row.importance_se, n)
+            if ci is not None:
+                intervals.setdefault(str(row.method), {})[str(row.head_name)] = ci
     return {"summary": summary, "intervals": intervals}
 
 

@@ -396,10 +396,7 @@ def gradient_rounding(grads: dict[str, torch.Tensor], idx: list[int], dtype: tor
     example, dtype, floor (the largest token floor), n_scores, n_within_floor."""
     score, floor = grads["grad_x_input"], grads["grad_x_input_floor"]  # [g, pos] each
     within = score <= floor
-    ranked = torch.zeros_like(within)  # [g, pos]
-    ranked[:, 1:-1] = True
-    if at is not None:
-        ranked[torch.arange(len(idx), device=ranked.device), at.to(ranked.device)] = False
+    ranked = am.ranked_tokens(*score.shape, at, score.device)  # [g, pos]
     name = str(dtype).removeprefix("torch.")
     rows = [{"example": ex, "dtype": name, "floor": float(floor[j][ranked[j]].max()), "n_scores": int(ranked[j].sum()),
              "n_within_floor": int((within[j] & ranked[j]).sum())} for j, ex in enumerate(idx)]

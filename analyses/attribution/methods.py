@@ -276,13 +276,22 @@ def gradient_floor(dtype: torch.dtype, grad_norm: torch.Tensor, input_norm: torc
     ranked tokens of 20 prompts): |error of g . x| up to 0.77 of this floor (median 0.01 of it), where eps |g_t| |x_t| of
     the token's own gradient fell short by up to 16x; the bfloat16 scores were all within it. A score within it is
     rounding and says nothing of the token's importance."""
-    ranked = grad_norm[..., 1:-1] if grad_norm.shape[-1] >= 3 else grad_norm  # [batch, pos - 2]
-    if at is not None and grad_norm.shape[-1] >= 3:  # a masked LM's scored mask: its direct path, as the last token's
-        keep = torch.zeros_like(grad_norm, dtype=torch.bool)  # [batch, pos]
-        keep[:, 1:-1] = True
-        keep[torch.arange(len(at), device=keep.device), at.to(keep.device)] = False
-        ranked = grad_norm.masked_fill(~keep, 0.0)
+    ranked = grad_norm  # [batch, pos]: the norms are >= 0, so the left-out tokens' 0 leaves the maximum as it is
+    if grad_norm.shape[-1] >= 3:
+        ranked = grad_norm.masked_fill(~ranked_tokens(*grad_norm.shape, at, grad_norm.device), 0.0)
     return torch.finfo(dtype).eps * ranked.amax(-1, keepdim=True) * input_norm
+
+
+def ranked_tokens(batch: int, pos: int, at: torch.Tensor | None = None,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """The tokens every ranking scores -> [batch, pos] bool: positions 1..pos-2 (the first and the last left out),
+    less a masked LM's scored mask `at` [batch] (its direct path to the output, as a decoder's last token's).
+    gradient_floor takes its maximum over them, analysis.gradient_rounding counts them."""
+    keep = torch.zeros(batch, pos, dtype=torch.bool, device=device)  # [batch, pos]
+    keep[:, 1:-1] = True
+    if at is not None:
+        keep[torch.arange(batch, device=keep.device), at.to(keep.device)] = False
+    return keep
 
 
 class IgResult(NamedTuple):

@@ -55,7 +55,7 @@ the model produced: one that produces none of the context's values does not do t
 is no preference, whatever n), and below chance needs the gold value's share among its copies under chance.
 
 The Student-t interval of a mean over examples has its one home here (`t_quantile`, `t_half_width`,
-`mean_interval`, `mean_intervals`): every family's and report's t interval of a mean calls it.
+`se_interval`, `mean_interval`, `mean_intervals`): every family's and report's t interval of a mean calls it.
 
 Below chance on a logit difference, `model_on_task` also runs the corrupted prompts (`corrupted_baseline`):
 where they give a similar logit difference for the same answer pair, the clean prompts' is a preference among
@@ -556,6 +556,15 @@ def t_half_width(sd: float | np.ndarray, n: int | np.ndarray, *, alpha: float = 
     sqrt(n), element-wise over arrays of either; NaN where n < 2 (a NaN sd stays NaN)."""
     root = math.sqrt(max(int(n), 1)) if np.ndim(n) == 0 else np.sqrt(np.maximum(n, 1))
     return t_quantile(n, alpha=alpha) * sd / root
+
+
+def se_interval(mean: float, se: float | None, n: int, *, alpha: float = ALPHA) -> list[float] | None:
+    """The two-sided (1 - alpha) Student-t interval [lo, hi] of a mean from its standard error (sd / sqrt(n)) and n:
+    mean -+ t_half_width(se x sqrt(n), n); None under two examples or for a missing or non-finite se."""
+    if n < 2 or se is None or not math.isfinite(se):
+        return None
+    half = float(t_half_width(se * n ** 0.5, n, alpha=alpha))
+    return [float(mean) - half, float(mean) + half]
 
 
 def mean_interval(values: Sequence[float] | np.ndarray, *, alpha: float = ALPHA) -> list[float] | None:

@@ -246,8 +246,9 @@ def _reads_pairs(model: Any, name: str, config: Any) -> bool:
         return True
 
 
-_REISSUED: set = set()  # other warnings re-issued: one every analysis's resolution raises is shown once (a registry
-# would not do: catch_warnings clears it), as Python's default filter shows a warning once per place
+_REISSUED: set = set()  # other warnings re-issued: one every analysis's resolution raises is shown once per run (a
+# registry would not do: catch_warnings clears it), as Python's default filter shows a warning once per place; emptied
+# by resolve_plans, so that a second run in one process (a notebook's) shows its own warnings
 
 
 def _named_warnings(name: str, caught: Sequence[Any], pairs: bool = True) -> tuple[str, ...]:
@@ -354,7 +355,9 @@ def resolve_plans(model: Any, plans: Mapping[str, Plan], names: Sequence[str], c
                   ) -> dict[str, Plan]:
     """`plans` with each named analysis's preset config (`preset`, with its `overrides`) and its Task resolved
     once under it. An analysis in `finished` (kept by --resume) gets its config only: nothing runs or prices it,
-    and the explorer, its Task's one reader, resolves that Task under the same config when it builds (`ran_on`)."""
+    and the explorer, its Task's one reader, resolves that Task under the same config when it builds (`ran_on`).
+    A run's first resolution: the warnings re-issued once (_named_warnings) start afresh, each run showing its own."""
+    _REISSUED.clear()
     out = dict(plans)
     for name in names:
         config = preset(name, common, overrides)

@@ -51,7 +51,7 @@ import torch
 
 import headscope.hooks as hooks
 from headscope.analyses.core import default_tasks, task_files, tasks
-from headscope.analyses.core.chance import mean_interval, t_half_width
+from headscope.analyses.core.chance import mean_interval, se_interval
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
 from headscope.analyses.core.mask_read import mask_metric
@@ -388,15 +388,8 @@ def _leading(ranked: pd.DataFrame, n: int, per: pd.DataFrame | None = None) -> d
     next_ci, n_examples, clear} and, with per-example drops, diff, diff_ci, diff_n (the paired first - next)
     (ci: importance -+ the 95% t half-width of its standard error; None below 2 examples; clear: the paired
     difference's lower bound above 0, else the first's lower bound above the next's upper bound)."""
-    def interval(row: pd.Series) -> list[float] | None:
-        se = float(row["importance_se"])
-        if n < 2 or not math.isfinite(se):
-            return None
-        half = float(t_half_width(se * n ** 0.5, n))
-        return [float(row["importance"]) - half, float(row["importance"]) + half]
-
     first, second = ranked.iloc[0], ranked.iloc[1]
-    ci, next_ci = interval(first), interval(second)
+    ci, next_ci = (se_interval(float(r["importance"]), float(r["importance_se"]), n) for r in (first, second))
     paired = _paired(per, first["head_name"], second["head_name"]) if per is not None else None
     clear = paired["diff_ci"][0] > 0 if paired else ci is not None and next_ci is not None and ci[0] > next_ci[1]
     return {"head": first["head_name"], "importance": float(first["importance"]), "ci": ci,

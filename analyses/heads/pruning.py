@@ -42,7 +42,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from headscope.analyses.core.chance import clear_of, t_half_width
+from headscope.analyses.core.chance import clear_of, se_interval, t_half_width
 from headscope.analyses.heads.importance import (
     Scorer,
     ablation_importance,
@@ -543,8 +543,8 @@ def layer_redundancy(best: pd.DataFrame, ablation: torch.Tensor | None, baseline
     for row in best.itertuples():
         joint, n = float(row.layer_removed_change), int(row.n_examples)
         se = float(row.layer_removed_change_se)
-        half = float(t_half_width(se * n ** 0.5, n)) if n > 1 and np.isfinite(se) else float("nan")  # se = sd / sqrt(n)
-        if not (np.isfinite(half) and abs(joint) > half and abs(joint) >= SMALL_SHARE * abs(baseline)):
+        ci = se_interval(joint, se, n)  # se = sd / sqrt(n)
+        if not (ci is not None and (ci[0] > 0 or ci[1] < 0) and abs(joint) >= SMALL_SHARE * abs(baseline)):
             continue
         own = ablation[int(row.layer)].double().abs()  # [H]
         if float(own.max()) >= SMALL_SHARE * abs(joint) or abs(float(row.worst_change)) >= SMALL_SHARE * abs(joint):

@@ -1433,3 +1433,27 @@ def test_gradient_floor_leaves_a_masked_lms_scored_mask_out_of_its_maximum():
     masked = am.gradient_floor(torch.bfloat16, grad_norm, input_norm, torch.tensor([2]))
     assert torch.allclose(plain, eps * 50.0 * input_norm)
     assert torch.allclose(masked, eps * 3.0 * input_norm)
+
+
+def test_ranked_tokens_and_gradient_rounding_leave_out_the_ends_and_a_masked_lms_mask():
+    """The ranked tokens by hand: a decoder prompt of 5 tokens ranks positions 1..3; a masked LM's (MLM_ROWS' first
+    three, the mask w63 where list.index finds it) also leaves its mask out. gradient_rounding's records count, and take
+    their floor over, those tokens only; its scores within the floor are 0 wherever they sit."""
+    from headscope.analyses.attribution.analysis import gradient_rounding
+
+    decoder = [[False, True, True, True, False]] * 2
+    assert am.ranked_tokens(2, 5).tolist() == decoder
+    at = torch.tensor([r.index(63) for r in MLM_ROWS[:3]])  # [3]: 2, 1, 3
+    assert at.tolist() == [2, 1, 3]
+    assert am.ranked_tokens(3, 5, at).tolist() == [[False, True, False, True, False], [False, False, True, True, False],
+                                                   [False, True, True, False, False]]
+    assert am.ranked_tokens(1, 2).tolist() == [[False, False]]  # nothing between the first and the last
+    score = torch.tensor([[9.0, 1.0, 5.0, 0.25, 9.0], [9.0, 7.0, 0.125, 3.0, 9.0], [9.0, 0.25, 4.0, 6.0, 9.0]])  # [3, 5]
+    floor = torch.tensor([[0.0, 0.5, 8.0, 0.5, 0.0], [0.0, 9.0, 0.5, 0.25, 0.0], [0.0, 0.375, 0.125, 7.0, 0.0]])
+    tied, rows = gradient_rounding({"grad_x_input": score, "grad_x_input_floor": floor}, [4, 5, 6], torch.bfloat16, at)
+    assert [(r["example"], r["floor"], r["n_scores"], r["n_within_floor"]) for r in rows] == [
+        (4, 0.5, 2, 1), (5, 0.5, 2, 1), (6, 0.375, 2, 1)]
+    assert rows[0]["dtype"] == "bfloat16"
+    assert tied.tolist() == [[9.0, 1.0, 0.0, 0.0, 9.0], [9.0, 0.0, 0.0, 3.0, 9.0], [9.0, 0.0, 4.0, 0.0, 9.0]]
+    _, plain = gradient_rounding({"grad_x_input": score, "grad_x_input_floor": floor}, [4, 5, 6], torch.bfloat16)
+    assert [(r["floor"], r["n_scores"], r["n_within_floor"]) for r in plain] == [(8.0, 3, 2), (9.0, 3, 2), (7.0, 3, 2)]

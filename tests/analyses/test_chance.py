@@ -188,6 +188,22 @@ def test_t_quantile_and_half_width_are_scipys_element_wise_and_nan_under_two():
                                rtol=0)
 
 
+def test_se_interval_is_the_t_interval_from_a_standard_error_and_n():
+    """mean -+ t(0.975, n - 1) x se, the quantile from scipy by hand; the se of a sample gives scipy's own interval of
+    its mean; None under two examples or without a finite se."""
+    assert chance.se_interval(1.5, 0.4, 6) == pytest.approx([1.5 - stats.t.ppf(0.975, 5) * 0.4,
+                                                             1.5 + stats.t.ppf(0.975, 5) * 0.4], rel=1e-12)
+    assert chance.se_interval(-2.0, 0.3, 3, alpha=0.1) == pytest.approx([-2.0 - stats.t.ppf(0.95, 2) * 0.3,
+                                                                         -2.0 + stats.t.ppf(0.95, 2) * 0.3], rel=1e-12)
+    x = np.array([0.3, 1.9, -0.4, 2.2, 0.8])
+    assert chance.se_interval(float(x.mean()), float(x.std(ddof=1) / np.sqrt(5)), 5) == pytest.approx(
+        _scipy_interval(x), rel=1e-12)
+    assert chance.se_interval(1.0, 0.0, 4) == [1.0, 1.0]  # no spread: the mean exactly
+    assert chance.se_interval(1.0, 0.4, 1) is None and chance.se_interval(1.0, 0.4, 0) is None
+    assert chance.se_interval(1.0, float("nan"), 6) is None and chance.se_interval(1.0, None, 6) is None
+    assert chance.se_interval(1.0, float("inf"), 6) is None
+
+
 def test_mean_intervals_is_mean_interval_along_an_axis():
     x = np.random.default_rng(3).normal(size=(2, 6, 3))
     x[0, :, 0] = np.nan  # n = 0

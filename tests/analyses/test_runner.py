@@ -417,3 +417,23 @@ def test_other_warnings_of_each_resolution_are_reissued_once():
                 warnings.warn("a column was read as text: review 18 diff-read", UserWarning, stacklevel=1)
             hs_runner._named_warnings(name, caught)
     assert [str(w.message) for w in shown] == ["a column was read as text: review 18 diff-read"]
+
+
+def test_each_run_shows_its_own_reissued_warnings_once(monkeypatch):
+    """A warning every analysis's task resolution raises is shown once per run, and again by a second run in the same
+    process (a notebook's second report), as the first run showed it: resolve_plans starts the re-issued set afresh."""
+    import warnings
+
+    from headscope.analyses.core import runner as hs_runner
+
+    def warning_task(name, model, task, config):
+        warnings.warn("a column was read as text: one per run", UserWarning, stacklevel=1)
+
+    monkeypatch.setattr(hs_runner.registry, "family_task", warning_task)
+    names = ["heads", "patching", "kv"]
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("default")
+            plans = {n: hs_runner.Plan(task=None, used="default task") for n in names}
+            hs_runner.resolve_plans(None, plans, names, dict(quick=True))
+        assert [str(w.message) for w in shown] == ["a column was read as text: one per run"]

@@ -374,3 +374,31 @@ def test_the_sink_rule_is_worded_by_what_was_computed_where_no_interval_exists()
     both = [rec(0, 0.5935, ci=[0.5, 0.7], excess=[0.01, 0.2]), rec(1, 0.4986, ci=[0.45, 0.55], excess=[-0.06, 0.04])]
     assert "(at least 1.5x the uniform share, its excess 95%-CI above 0): the same verdict" in sink_note(
         {"n_sink": 4, "sinks": both}, {"n_sink": 4, "sinks": both}, name="position")[-1]
+
+
+def test_layers_by_noise_groups_each_layer_by_the_two_intervals_as_both_per_layer_notes_say_it():
+    """compare_run.layers_by_noise, by hand: layer 0 (1.0 [0.9, 1.1] against 2.0 [1.9, 2.1]: |B - A| = 1 past the
+    half-widths 0.1 + 0.1) beyond; layers 1-5 (0.5 [0.4, 0.6] against 0.55 [0.45, 0.65]: 0.05 inside 0.2) within;
+    layer 6 (2.0 [1.0, 3.0] against 0.0 [-1.0, 1.0]: 2 equals 1 + 1) within; layer 7 without B's interval unknown."""
+    from headscope.reports.compare_run import layers_by_noise
+
+    beyond = ("L0", 1.0, 2.0, (0.9, 1.1), (1.9, 2.1))
+    within = [(f"L{k}", 0.5, 0.55, (0.4, 0.6), (0.45, 0.65)) for k in range(1, 6)] + [
+        ("L6", 2.0, 0.0, (1.0, 3.0), (-1.0, 1.0))]
+    unknown = ("L7", 0.3, 0.3, (0.2, 0.4), None)
+    layers = [beyond, *within, unknown]
+
+    def none(listed: str) -> str:
+        return f"lbl: not compared: {listed} (n 8)"
+
+    head = "lbl: beyond noise (|B - A| past the two 95% CIs' combined half-widths) in L0; within noise: "
+    assert layers_by_noise(layers, "lbl", "n 8", none, count_many=True, why_none=" (copies)") == [
+        head + "6 layers; no interval (copies): L7 (n 8)."]  # 8 layers, 6 within: counted
+    assert layers_by_noise(layers, "lbl", "n 8", none) == [head + "L1; L2; L3; L4; L5; L6; no interval: L7 (n 8)."]
+    assert layers_by_noise([*within, unknown], "lbl", "n 8", none, count_many=True) == [
+        NOT_COMPARED + "lbl: not compared: L7 (n 8)"]
+    every = "lbl: within noise in every layer (|B - A| inside the two 95% CIs' combined half-widths): "
+    assert layers_by_noise(within, "lbl", "n 8", none, count_many=True) == [
+        SAME + every + "L1; L2; L3; L4; L5; L6 (n 8)."]  # 6 layers: not many, listed
+    seven = [*within, ("L7", 0.5, 0.5, (0.4, 0.6), (0.4, 0.6))]
+    assert layers_by_noise(seven, "lbl", "n 8", none, count_many=True) == [SAME + every + "7 layers (n 8)."]
