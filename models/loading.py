@@ -30,7 +30,7 @@ from headscope.errors import (
     OfflineModelError,
     TokenizationWarning,
 )
-from headscope.models import config_facts, falcon_qkv, qkv_sites, state_space, threads
+from headscope.models import bridge_support, config_facts, falcon_qkv, qkv_sites, state_space, threads
 from headscope.models.conversion_check import check_conversion
 from headscope.models.hooked_model import HookedModel, facts_from_bridge, layer_windows
 from headscope.models.token_text import round_trip_problem
@@ -194,6 +194,8 @@ def load_model(
                       complete=kind == "local")
     hf_config = _hf_config(location if kind == "local" else _cached_snapshot(location), trust_remote_code)
     state_space.refuse_state_space(hf_config, name)  # review 18c A3/A4: hybrids refused in one line, before booting
+    remote_first = isinstance(hf_config, dict) and "auto_map" in hf_config and not trust_remote_code
+    boot_extra = {} if remote_first else bridge_support.bridge_boot_kwargs(hf_config, name)  # review 19d A1
     device = device if device is not None else (None if device_map else default_device())
     chosen = tokenizer is not None
     with _remote_code_refused(name, trust_remote_code):
@@ -208,6 +210,7 @@ def load_model(
         kwargs["tokenizer"] = tokenizer
     if device_map is not None:
         kwargs["device_map"] = device_map
+    kwargs.update(boot_extra)  # XLM-R: RoBERTa's adapter with transformers' XLM-R class
     if tokenizer is not None and not chosen:
         _check_vocabulary(tokenizer, location)
     try:

@@ -15,7 +15,8 @@ from typing import Any
 
 def unknown_words(tokenizer: Any, text: str) -> list[str]:
     """The whitespace-delimited words of `text` that contain the tokenizer's unknown token, in
-    order, each once (empty when the tokenizer has no unknown token)."""
+    order, each once (empty when the tokenizer has no unknown token); whitespace that becomes the unknown token
+    itself (a newline under a Metaspace tokenizer) comes back as that whitespace: show it through visible_word."""
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None or not text:
         return []
@@ -30,6 +31,15 @@ def unknown_words(tokenizer: Any, text: str) -> list[str]:
         hit = [text[a:b] for a, b in words if a < max(end, start + 1) and b > start]
         found.extend(hit or [text[start:end]])
     return list(dict.fromkeys(w for w in found if w))
+
+
+def visible_word(word: str) -> str:
+    """A word as a reason or a note shows it: unchanged, except whitespace and control characters written as
+    escapes (a newline that became the unknown token reads \\n, a space \\x20), never a blank (review 19d C1)."""
+    if word.isprintable() and word.strip():
+        return word
+    return "".join("\\x20" if c == " " else c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in word)
 
 
 def probe_words(tokenizer: Any, n: int = 6, scan: int = 400) -> list[str]:

@@ -94,13 +94,15 @@ def _verdict(curve: pd.DataFrame) -> str:
     return "\n95% bands of the middle and an end overlap: no U-shape shown"
 
 
-def plot_gold_attention(data: pd.DataFrame, *, reduce: str = "max", quiet: str | None = None, ax: Any = None) -> Any:
+def plot_gold_attention(data: pd.DataFrame, *, reduce: str = "max", quiet: str | None = None, ax: Any = None,
+                        every_query: bool = False) -> Any:
     """Heat map layer x gold position of the attention mass onto the gold span (`data`: the
     gold_attention table; max or mean over heads), on the sequential map from 0 (plots.color_scale);
     `quiet` (plots.quiet_reason: the model at chance, so no head retrieves anything) mutes it and says why. A cell
     whose gold span the answer query sees in no example (the table's `visible` 0: a sliding window leaves it behind,
     analyses.position.gold_visible) is 0 by the mask, not measured: hatched grey, without a number, and the title
-    says so (review 14c B1)."""
+    says so (review 14c B1). `every_query`: the mass is a mean over every query token (an encoder's retrieval run,
+    which has no answer position: review 19d C2), as the title then says."""
     ax = axes(ax, (6, 4))
     table = data
     grid = table.groupby(["layer", "position"])["mass"].agg(reduce).unstack("position")  # [layer, position]
@@ -116,7 +118,8 @@ def plot_gold_attention(data: pd.DataFrame, *, reduce: str = "max", quiet: str |
     ax.set_ylabel("layer")
     said = ("\nhatched: gold span outside the answer query's sliding window in every example (0 by the mask, not "
             "measured)" if hidden.any() else "")
-    ax.set_title(f"attention onto the gold span ({reduce} over heads)" + said + (f"\n{quiet}" if quiet else ""))
+    rows = ", mean over every query token" if every_query else ""
+    ax.set_title(f"attention onto the gold span{rows} ({reduce} over heads)" + said + (f"\n{quiet}" if quiet else ""))
     return ax
 
 
@@ -171,7 +174,8 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     for stem, draw in (("position_curve", lambda ax: plot_curve(tables["curve"], metric=primary, ax=ax, title=curve_title,
                                                                    quiet=quiet is not None, no_gold=no_gold, **common)),
                        ("position_gold_attention", lambda ax: plot_gold_attention(tables["gold_attention"], ax=ax,
-                                                                                           quiet=quiet_reason(s))),
+                                                                                           quiet=quiet_reason(s),
+                                                                                           every_query=_every_query(s))),
                        ("position_sinks", lambda ax: plot_sink_mass(tables["sinks"], n_sink=s.get("n_sink"),
                                                                   what=s.get("sink_label"), ax=ax,
                                                                   baseline_kind=s.get("sink_baseline")))):
@@ -212,6 +216,23 @@ def guide_for(summary: Mapping[str, Any]) -> str:
     if summary.get("sink_baseline") == "alibi":
         return GUIDE.replace("against the uniform baseline", ALIBI_SINK_BASELINE, 1)
     return GUIDE
+
+
+def _every_query(summary: Any) -> bool:
+    """An encoder's retrieval run: its gold mass is averaged over every query token (runs.AttentionStats)."""
+    return isinstance(summary, Mapping) and summary.get("task") == "retrieval"
+
+
+GOLD_FROM = "from the answer position"
+GOLD_EVERY = "averaged over every query token (an encoder has no answer position)"
+
+
+def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
+    """A figure's caption for this run where it depends on it, else None (CAPTIONS' holds): on an encoder's retrieval
+    run the gold attention is worded from what was computed, a mean over every query token (review 19d C2)."""
+    if stem == "position_gold_attention" and _every_query(summary):
+        return CAPTIONS[stem].replace(GOLD_FROM, GOLD_EVERY)
+    return None
 
 
 CAPTIONS = {  # what to read from each figure and its units, by figure stem

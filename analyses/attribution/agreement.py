@@ -3,9 +3,12 @@
 Jain & Wallace (2019) compare, per instance, the ranking of input tokens by attention with the
 ranking by gradients and by leave-one-out, using Kendall's tau and its p-value; an instance
 agrees significantly when p < alpha. `kendall_matrix` computes tau-b (ties handled) for many
-vector pairs at once from pairwise sign matrices, with the p-value of the normal approximation
-with tie correction (scipy.stats.kendalltau's method="asymptotic"); calling scipy once per pair
-costs about 4 ms, and an example has hundreds of pairs (every head against every method).
+vector pairs at once from pairwise sign matrices. Its p-value is the exact one (scipy.stats.kendalltau's
+method="exact": the null distribution of discordant pairs over the m! orderings) where neither ranking has ties
+and m <= EXACT_MAX_TOKENS, as scipy's "auto" chooses (review 19d A3: at 4 tokens a perfect ranking has p = 2/4! =
+0.083, which the normal approximation called 0.042, significant); with ties or more tokens, the normal
+approximation with tie correction (method="asymptotic"). Calling scipy once per pair costs about 4 ms, and an
+example has hundreds of pairs (every head against every method).
 Summaries give the mean and standard deviation of tau and the fraction significant per group;
 `paired_differences` compares two attention kinds (rollout against the last layer) on the same examples
 against each reference method: the paired t test of per-example tau differences, Holm-corrected.
@@ -22,6 +25,16 @@ from scipy.special import ndtr
 from headscope.analyses.core.chance import holm, t_half_width
 
 AttentionKey = tuple  # (attention kind, layer or None, head or None)
+EXACT_MAX_TOKENS = 33  # scipy.stats.kendalltau's method="auto" takes the exact null up to this size, without ties
+
+
+def discordance_cdf(m: int) -> np.ndarray:
+    """P(D <= d), d = 0 .. m(m-1)/2, for D the discordant pairs of a uniformly random ordering of m tokens (the
+    inversions of a random permutation: Mahonian numbers / m!), by convolving each token's uniform 0..i-1 -> [tot+1]."""
+    dist = np.ones(1)
+    for i in range(2, m + 1):
+        dist = np.convolve(dist, np.full(i, 1.0 / i))
+    return np.minimum(np.cumsum(dist), 1.0)
 
 
 def _tie_counts(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -35,7 +48,8 @@ def _tie_counts(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def kendall_matrix(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Kendall tau-b and two-sided p-values between every row of a [k, m] and of b [j, m] -> [k, j] each.
+    """Kendall tau-b and two-sided p-values between every row of a [k, m] and of b [j, m] -> [k, j] each: the exact
+    p where neither row has ties and m <= EXACT_MAX_TOKENS, else the normal approximation (module docstring).
 
     NaN where a row is constant (tau undefined) or m < 3.
     """
@@ -61,6 +75,13 @@ def kendall_matrix(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
             + x0[:, None] * y0[None, :] / (9 * mm * (m - 2))
         )
         p = 2 * ndtr(-np.abs(s / np.sqrt(var)))
+    if m <= EXACT_MAX_TOKENS:
+        untied = (xt == 0)[:, None] & (yt == 0)[None, :]  # [k, j]
+        if untied.any():
+            cdf = discordance_cdf(m)  # [tot + 1]
+            dis = np.rint((tot - s) / 2).astype(int)  # discordant pairs where nothing ties
+            low = np.clip(np.minimum(dis, int(tot) - dis), 0, int(tot))
+            p = np.where(untied, np.minimum(2 * cdf[low], 1.0), p)
     undefined = (tot - xt)[:, None] * (tot - yt)[None, :] == 0
     tau = np.where(undefined, np.nan, np.clip(tau, -1, 1))
     p = np.where(undefined, np.nan, np.minimum(p, 1.0))

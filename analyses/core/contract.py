@@ -129,7 +129,7 @@ def model_reasons(needs: Needs, model: Any, task: Any = None, config: Any = None
 def _default_data_reasons(needs: Needs, model: Any) -> list[str]:
     """Why the family's own default data cannot be used on `model`: its words, or own_data (empty when it can)."""
     if needs.english and not _zoo_vocabulary(model):
-        from headscope.models.token_text import unknown_words
+        from headscope.models.token_text import unknown_words, visible_word
 
         if needs.english_text is not None:  # the data this model would run on, None where it needs no English
             own = needs.english_text(model)
@@ -142,7 +142,7 @@ def _default_data_reasons(needs: Needs, model: Any) -> list[str]:
             if lost:
                 n = len(set(text.split()))
                 return [f"{model.name}'s tokenizer maps {len(lost)} of the {n} distinct words of {what} to its unknown "
-                        f"token ({', '.join(lost[:4])}{', ...' if len(lost) > 4 else ''}); {instead}"]
+                        f"token ({', '.join(map(visible_word, lost[:4]))}{', ...' if len(lost) > 4 else ''}); {instead}"]
     gap = needs.own_data(model) if needs.own_data is not None else None
     return [gap] if gap else []
 

@@ -245,7 +245,7 @@ def shipped_fit(model, task: Task) -> dict | None:
     .unknown_words), unknown_examples (the first few), off_distribution (unknown words, or more than
     MAX_TOKENS_PER_WORD tokens a word: text the model was not trained on) and, when off, `note`, the
     sentence the log, the section's provenance and its finding say."""
-    from headscope.models.token_text import unknown_words
+    from headscope.models.token_text import unknown_words, visible_word
 
     texts = _shipped_rows(model, task)
     if not texts:
@@ -256,7 +256,7 @@ def shipped_fit(model, task: Task) -> dict | None:
     unknown = [w for t in texts for w in unknown_words(tok, t)]
     per_word = n_tokens / max(n_words, 1)
     off = bool(unknown) or per_word > MAX_TOKENS_PER_WORD
-    examples = list(dict.fromkeys(w.strip(string.punctuation) or w for w in unknown))[:5]
+    examples = list(dict.fromkeys(visible_word(w.strip(string.punctuation) or w) for w in unknown))[:5]
     fit = {"n_sentences": len(texts), "n_words": n_words, "n_tokens": n_tokens, "tokens_per_word": round(per_word, 4),
            "unknown_words": len(unknown), "unknown_examples": examples, "off_distribution": off}
     if off:

@@ -720,11 +720,33 @@ def test_kendall_matrix_matches_scipy():
     b[2] = np.round(b[2] * 4)
     tau, p = kendall_matrix(a, b)
     for i in range(4):
-        for j in range(3):
-            ref = kendalltau(a[i], b[j], method="asymptotic")
+        for j in range(3):  # exact where neither ranking ties (review 19d A3), the normal approximation with ties
+            ref = kendalltau(a[i], b[j], method="asymptotic" if i == 1 or j == 2 else "exact")
             assert abs(tau[i, j] - ref.statistic) < 1e-12 and abs(p[i, j] - ref.pvalue) < 1e-12
     tau, p = kendall_matrix(np.ones((1, 30)), b)
     assert np.isnan(tau).all() and np.isnan(p).all()
+
+
+def test_a_perfect_ranking_of_4_tokens_is_not_significant():
+    """Review 19d A3: 4 ranked tokens in the same order: tau 1, exact two-sided p = 2 / 4! = 0.0833 (only the
+    identical and the reversed ordering are as extreme); the normal approximation gave 0.0415, "significant"."""
+    from headscope.analyses.attribution.agreement import tau_rows
+
+    scores = np.array([0.1, 0.4, 0.2, 0.9])
+    (row,) = tau_rows(0, {("attention", 1, None): scores}, {"saliency": scores * 3 + 1})
+    assert row["tau"] == 1.0 and abs(row["p_value"] - 2 / 24) < 1e-12 and not row["significant"]
+    assert row["n_tokens"] == 4
+
+
+def test_seven_tokens_take_scipys_exact_p_and_ties_keep_the_normal_approximation():
+    a = np.array([[3.0, 1.0, 4.0, 1.5, 5.0, 9.0, 2.0]])
+    b = np.array([[2.0, 0.5, 3.0, 1.0, 7.0, 6.0, 4.0], [2.0, 0.5, 3.0, 1.0, 7.0, 7.0, 4.0]])  # row 1: a tie
+    tau, p = kendall_matrix(a, b)
+    exact = kendalltau(a[0], b[0], method="exact")
+    # by hand: 3 discordant pairs of 21 (tau 15/21); P(D <= 3) for 7 tokens = (1 + 6 + 20 + 49) / 5040 (Mahonian)
+    assert abs(exact.pvalue - 2 * 76 / 5040) < 1e-12
+    assert abs(tau[0, 0] - 15 / 21) < 1e-12 and abs(p[0, 0] - exact.pvalue) < 1e-12
+    assert abs(p[0, 1] - kendalltau(a[0], b[1], method="asymptotic").pvalue) < 1e-12
 
 
 def test_paired_rollout_differences_match_scipy_ttest_rel():

@@ -179,6 +179,58 @@ def test_an_encoders_position_skip_names_the_retrieval_datas_words_not_the_decod
     assert model_reasons(needs("position"), fake_model(True)) == []  # an English tokenizer writes them
 
 
+def _retrieval_words() -> set[str]:
+    from importlib.resources import files
+
+    lines = (files("headscope.analyses") / "data" / "retrieval.jsonl").read_text(encoding="utf-8").splitlines()
+    return {w for r in map(json.loads, filter(str.strip, lines)) for s in (r["query"], r["relevant"], *r["distractors"])
+            for w in s.split()}
+
+
+def metaspace_tokenizer(words, *, chars: bool = True):
+    """A SentencePiece-style (Metaspace) Unigram tokenizer, as XLM-R's and Llama's, over these words: no piece for a
+    newline, which it maps to <unk>."""
+    import string
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = [(t, 0.0) for t in ("<s>", "<pad>", "</s>", "<unk>", "<mask>")]
+    vocab += [("\u2581" + w, -1.0) for w in sorted(words)]
+    vocab += [(c, -12.0) for c in [*string.ascii_letters, *".,?'", "\u2581"] if chars]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=3, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", mask_token="<mask>")
+
+
+def test_a_metaspace_encoder_that_writes_every_retrieval_word_is_not_skipped_for_a_newline():
+    """Review 19d A2: position's check joined the passages' sentences with a newline, which a Metaspace tokenizer
+    maps to <unk>, and skipped position for "1 of the 493 distinct words ... ( )": the blank was the newline, no word
+    of the passages (which the prompts join by a space). Now: no reason; and a word the tokenizer lacks is named."""
+    from headscope.models.token_text import unknown_words
+
+    words = _retrieval_words()
+    tok = metaspace_tokenizer(words)
+    assert unknown_words(tok, "the cat\nthe dog") == ["\n"]  # the tokenizer indeed has no newline
+    assert model_reasons(needs("position"), fake_model(True, tok)) == []
+    missing = sorted(words)[len(words) // 2]  # without single-character pieces, a word left out is <unk> whole
+    reasons = model_reasons(needs("position"), fake_model(True, metaspace_tokenizer(words - {missing}, chars=False)))
+    assert len(reasons) == 1 and reasons[0].startswith(
+        f"an-encoder's tokenizer maps 1 of the {len(words)} distinct words of position's encoder data, the shipped "
+        f"retrieval passages (analyses/data/retrieval.jsonl), to its unknown token ({missing}); "), reasons
+
+
+def test_whitespace_that_becomes_unknown_is_named_visibly():
+    """Review 19d C1: a reason naming a newline that became the unknown token printed a blank "( )"; it reads \\n."""
+    from headscope.models.token_text import visible_word
+
+    assert [visible_word(w) for w in ("\n", " ", "\t\r", "cat", "na\u00efve")] == ["\\n", "\\x20", "\\t\\r", "cat", "na\u00efve"]
+    probe = Needs(english=True, english_text=lambda m: ("its text,", "cat\ndog", "give it other text"))
+    said = model_reasons(probe, fake_model(True, metaspace_tokenizer({"cat", "dog"})))
+    assert said == ["an-encoder's tokenizer maps 1 of the 2 distinct words of its text, to its unknown token (\\n); "
+                    "give it other text"]
+
+
 def test_check_reads_a_task_file(tmp_path, tiny_models):
     model = tiny_models["llama"]
     path = tmp_path / "mine.jsonl"

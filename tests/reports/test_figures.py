@@ -1882,6 +1882,25 @@ def test_position_gold_attention_is_muted_at_chance():
         plt.close("all")
 
 
+def test_an_encoders_gold_attention_is_worded_as_a_mean_over_every_query_token():
+    """Review 19d C2: on an encoder (position's retrieval run) the gold mass is averaged over every query row
+    (runs.AttentionStats), but the caption said "from the answer position"; a decoder's caption keeps it."""
+    from headscope.reports.plots_position import plot_gold_attention
+
+    encoder = caption("position_gold_attention", {"task": "retrieval", "primary_metric": "cosine"})
+    assert encoder.startswith("Attention mass (0-1) on the gold span averaged over every query token (an encoder has "
+                              "no answer position), layer x gold position, max over heads.")
+    assert "from the answer position" not in encoder
+    assert caption("position_gold_attention", {"task": "json_kv"}).startswith(
+        "Attention mass (0-1) on the gold span from the answer position, layer x gold position")
+    gold = pd.DataFrame([{"layer": 0, "head": 0, "position": p, "mass": 0.1} for p in (1, 2)])
+    try:
+        ax = plot_gold_attention(gold, every_query=True, ax=plt.subplots()[1])
+        assert ax.get_title() == "attention onto the gold span, mean over every query token (max over heads)"
+    finally:
+        plt.close("all")
+
+
 def test_top_heads_at_chance_are_chosen_by_a_pattern_statistic_or_titled_as_noise():
     from headscope.reports.plots_attention import top_heads_figure
 
