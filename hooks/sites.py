@@ -108,6 +108,12 @@ def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool 
     attn_logit_softcapping c, the scores c * tanh(s / c) before the mask); None: the generic SITES docs."""
     if kind == "scores" and scores_hold_weights:
         return SITES[kind].shape, SCORES_AS_WEIGHTS
+    # review 19a C3: on ALiBi (BLOOM, MPT) the scores hold the position bias too, added before the softmax
+    bias = (" plus ALiBi's position bias (each head's slope x the key's position: in each query's row -slope x the "
+            "query-key distance up to a constant, which the softmax ignores)") if getattr(
+        facts, "positional", None) == "alibi" else ""
+    if kind == "scores" and bias and score_softcap is None:
+        return SITES[kind].shape, f"scaled attention scores{bias}, masked ({MASKED})"
     if post_norms is not None or score_softcap is not None:
         norms = post_norms or ()
         specific = {

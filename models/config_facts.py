@@ -134,6 +134,41 @@ def header_words(model: Mapping[str, Any]) -> list[str]:
         [w] if (w := rope_words(model.get("rope_bases"), windowed)) else []) + mlp + norms
 
 
+# activations by TransformerLens / config name, as functions of float32 x (mlp_activation compares the model's own)
+ACTIVATIONS = {
+    "relu": torch.relu,
+    "gelu": lambda x: torch.nn.functional.gelu(x),
+    "gelu_new": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+    "relu2": lambda x: torch.relu(x) ** 2,
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+}
+ACT_NAMES = ("act", "act_fn", "activation_fn", "activation", "intermediate_act_fn", "gelu_impl")  # HF MLPs' attribute
+
+
+def mlp_activation(bridge: Any, configured: str | None) -> str | None:
+    """The MLP activation's name as the first block's Hugging Face MLP module runs it (review 19a A2: TransformerLens
+    gives MPT act_fn "relu" where HF's MptMLP runs exact GELU): `configured` (the bridge cfg's act_fn) where its
+    function agrees with that module's activation on a probe from -4 to 4 (or either is unknown here), else the name
+    of the one in ACTIVATIONS that agrees, else None (not read)."""
+    from headscope.models.hooked_model import raw_module  # it imports this module
+
+    blocks = getattr(bridge, "blocks", None)
+    mlp = getattr(blocks[0], "mlp", None) if blocks is not None and len(blocks) else None
+    raw = raw_module(mlp) if isinstance(mlp, torch.nn.Module) else None
+    act = next((a for n in ACT_NAMES if callable(a := getattr(raw, n, None))), None)
+    if act is None or (configured is not None and configured not in ACTIVATIONS):
+        return configured
+    x = torch.linspace(-4.0, 4.0, 81)  # [81]
+    try:
+        with torch.no_grad():
+            y = act(x).float()
+    except Exception:  # noqa: BLE001 - an activation that cannot take a plain float32 probe: the config's name
+        return configured
+    same = [n for n, f in ACTIVATIONS.items() if torch.allclose(f(x), y, atol=1e-5, rtol=0)]
+    return configured if configured in same else (same[0] if same else None)
+
+
 SQUARED = {"relu2": "relu(x)^2"}  # activations whose memory coefficients are squares (Nemotron), by config name
 
 

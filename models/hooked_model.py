@@ -26,7 +26,7 @@ from headscope.errors import (
     TokenizationError,
     TokenizationWarning,
 )
-from headscope.models import attention_layout, config_facts, heap
+from headscope.models import attention_layout, config_facts, heap, qkv_sites
 from headscope.models.readout import is_post_ln_block, unembed_weight
 from headscope.models.tl_habits import TLHabits
 from headscope.models.token_text import token_strings, unknown_words
@@ -102,7 +102,8 @@ class ModelFacts:
     # (StableLM's partial_rotary_factor 0.25: 4 of 16), and the q/k norm ("LayerNorm per head"), else None.
     rotary_dims: int | None = None
     qk_norm: str | None = None
-    # Review 18c A5: OLMo / OLMoE clamp q, k and v to +-clip_qkv after the projection (and q/k norm); None: no clamp.
+    # Review 18c A5: OLMo / OLMoE clamp q, k and v to +-clip_qkv after the projection (and q/k norm), MPT its fused
+    # Wqkv output to +-attn_config.clip_qkv (review 19a A1); None: no clamp.
     clip_qkv: float | None = None
     # Review 18e C1: the MLP's activation (the config's name: "relu2" is Nemotron's squared ReLU, relu(x)^2), None
     # where not read; and whether the norms apply their weight as 1 + w (Nemotron's LayerNorm1P).
@@ -159,7 +160,9 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         d_vocab=int(cfg.d_vocab),
         n_ctx=int(cfg.n_ctx),
         gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
-        mlp_act=str(cfg.act_fn) if isinstance(getattr(cfg, "act_fn", None), str) else None,
+        # review 19a A2: the HF module's activation where TransformerLens's act_fn names another (MPT: GELU, not relu)
+        mlp_act=config_facts.mlp_activation(bridge, str(cfg.act_fn) if isinstance(getattr(cfg, "act_fn", None), str)
+                                            else None),
         norm_one_plus=config_facts.norm_one_plus(bridge),
         positional=str(getattr(cfg, "positional_embedding_type", "standard")),
         logit_scale=output_logit_scale(bridge),
@@ -186,9 +189,8 @@ def _attention_facts(bridge: Any, d_head: int | None, positional: str) -> dict[s
     raw = raw_module(attn)
     config = getattr(getattr(bridge, "original_model", None), "config", None)
     rotary = attention_layout.rotary_dims(raw, config, d_head) if positional == "rotary" else None
-    clip = getattr(getattr(raw, "config", None) or config, "clip_qkv", None)
     return {"rotary_dims": rotary, "qk_norm": attention_layout.qk_norm(raw, d_head),
-            "clip_qkv": float(clip) if isinstance(clip, (int, float)) and not isinstance(clip, bool) else None}
+            "clip_qkv": qkv_sites.clip_qkv(raw, config)}  # MPT's attn_config.clip_qkv too (review 19a A1)
 
 
 # HF config fields that bound a model's positions (GPT-2's n_positions, Llama's max_position_embeddings, ...)

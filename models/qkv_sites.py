@@ -1,7 +1,8 @@
 """hook_q / hook_k / hook_v hold what attention uses per head, on models that normalise or clamp after the projection.
 
 OLMo 2 and OLMoE run one RMSNorm over the whole q (and k) projection, all heads together, and OLMo / OLMoE clamp
-q, k and v to +-clip_qkv after it; Hugging Face's attention then splits heads. TransformerLens's bridge fires
+q, k and v to +-clip_qkv after it (MPT clamps its fused Wqkv output to +-attn_config.clip_qkv, the same per entry);
+Hugging Face's attention then splits heads. TransformerLens's bridge fires
 hook_q/k/v on the raw projections (`q.hook_out`) and normalises and clamps after the hook, so (review 18c A1)
 hook_q was not the query attention used (off by up to 1.05 on OLMoE), `pattern @ hook_v != hook_z` where the clamp
 acts, and patching one head's q moved every head's query (the norm mixes heads after the hook): per-head q/k
@@ -22,11 +23,21 @@ from typing import Any
 import torch
 
 
-def clip_qkv(bridge_or_attn: Any) -> float | None:
-    """The clamp Hugging Face applies to q, k and v (config.clip_qkv: OLMo, OLMoE), else None."""
+def clip_qkv(bridge_or_attn: Any, config: Any = None) -> float | None:
+    """The clamp Hugging Face applies to q, k and v, else None: the attention module's own `clip_qkv` (MPT's
+    MptAttention copies config.attn_config.clip_qkv there and clamps only where it is truthy, review 19a A1), else
+    its config's (or `config`'s) clip_qkv (OLMo, OLMoE; clamped wherever it is not None) or attn_config.clip_qkv."""
     attn = getattr(bridge_or_attn, "original_component", bridge_or_attn)
-    clip = getattr(getattr(attn, "config", None), "clip_qkv", None)
-    return float(clip) if clip is not None else None
+    own = _number(getattr(attn, "clip_qkv", None))
+    if own is not None:
+        return own or None  # HF's `if self.clip_qkv:`: 0 clamps nothing
+    config = getattr(attn, "config", None) or config
+    clip = getattr(config, "clip_qkv", None)
+    return _number(clip if clip is not None else getattr(getattr(config, "attn_config", None), "clip_qkv", None))
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def qkv_as_attention_uses(bridge: Any) -> list[int]:

@@ -22,6 +22,8 @@ def finding(s: Mapping[str, Any]) -> str:
     tests, read in the task metric's units when the output is saturated. At chance: what was measured only. A masked
     LM scored at its mask (the summary's mask_read, review 15c B1): led by where each answer was read."""
     said = _finding(s)
+    if isinstance(note := s.get("baseline_note"), str) and note:  # review 19a C1: no special token would do
+        said = f"{said} Integrated gradients run from baseline {note}.".strip()
     return f"{read} {said}" if (read := mask_read_words(s)) else said
 
 

@@ -344,12 +344,17 @@ def readout_clause(model: dict) -> str:
 
 
 def positions_clause(model: Mapping[str, Any]) -> str:
-    """', ALiBi positions (...)' from the manifest's facts (positional "alibi": BLOOM), else '': no position embedding,
-    each head's fixed slope biases its scores by distance, which the heads' roles and the sink baselines read."""
+    """', ALiBi positions (...)' from the manifest's facts (positional "alibi": BLOOM, MPT), else '': no position
+    embedding, each head's fixed slope biases its scores by distance, which the heads' roles and the sink baselines
+    read; 'no fixed context' where the config names no maximum length (BLOOM), else that length (review 19a A3: MPT's
+    max_seq_len, beyond which the model, and headscope, refuse a prompt)."""
     if model.get("positional") != "alibi":
         return ""
+    limit = model.get("n_ctx") if model.get("fixed_context") is not False else None
+    context = (f"prompts of at most {limit} tokens (the config's maximum length)"
+               if isinstance(limit, int) and not isinstance(limit, bool) else "no fixed context")
     return (", ALiBi positions (no position embedding: each head adds -slope x distance to its attention scores, "
-            "its slope fixed; no fixed context)")
+            f"its slope fixed; {context})")
 
 
 def _kv_clause(model: Mapping[str, Any]) -> str:

@@ -129,6 +129,19 @@ def _clip_clause(key_norm: Mapping[str, Any]) -> str:
             f"{clip:g} x sqrt({round((bound / clip) ** 2)}) = {bound:.3g}.")
 
 
+def _clamp_note(s: Mapping[str, Any]) -> str:
+    """Review 19a B1 (MPT, OLMo 1: a clamp and no key norm): ' Every key entry is clamped to +-1.5 (clip_qkv) before
+    caching, so one head's key norm is at most 1.5 x sqrt(16) = 6 (the largest cached: 5.92): the ratio compares
+    clamped keys.'; '' without the summary's key_clamp."""
+    clamp = s.get("key_clamp") if isinstance(s.get("key_clamp"), Mapping) else {}
+    clip, bound, largest = (_num(clamp.get(k)) for k in ("clip_qkv", "head_bound", "largest"))
+    if clip is None or bound is None:
+        return ""
+    seen = f" (the largest cached: {largest:.3g})" if largest is not None else ""
+    return (f" Every key entry is clamped to +-{clip:g} (clip_qkv) before caching, so one head's key norm is at most "
+            f"{clip:g} x sqrt({round((bound / clip) ** 2)}) = {bound:.3g}{seen}: the ratio compares clamped keys.")
+
+
 def reported_norm_layers(s: Mapping[str, Any]) -> set[str]:
     """The layers whose first-key norm ratio the kv finding reports: every layer but those whose per-head key norms
     a k_norm sets (none on a model that normalises every layer's keys per head); compare reads the same ones."""
@@ -162,7 +175,8 @@ def _norm_sentence(s: Mapping[str, Any]) -> str:
     # layers whose per-head key norms are set by a norm: their ratio is not reported (a norm over all heads sets none)
     skip = set() if all_heads else {str(v) for v in (key_norm or {}).get("layers") or []}
     if records := _norm_records(s):
-        return _norm_interval_sentence(records, skip, key_norm, all_heads)
+        sentence = _norm_interval_sentence(records, skip, key_norm, all_heads)
+        return sentence + _clamp_note(s) if sentence else ""
     given = {k: v for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items() if str(k) not in skip}
     ratios = {k: _num(v) for k, v in given.items()}
     ratios = {k: v for k, v in ratios.items() if v is not None}
@@ -184,7 +198,7 @@ def _norm_sentence(s: Mapping[str, Any]) -> str:
     else:
         verdict = "the first key's norm does not stand out" + (" (it is smaller)" if hi < 1 else "")
     return (f"The first key's norm is {span} times the other keys' ({which}): {verdict}."
-            + (_all_heads_note(key_norm) if all_heads else ""))
+            + (_all_heads_note(key_norm) if all_heads else "") + _clamp_note(s))
 
 
 def _every(layers: list[str], some: bool) -> str:

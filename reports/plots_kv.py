@@ -310,7 +310,8 @@ SAME = 0.005  # two layers' norm lines within this fraction of the largest norm 
 
 
 def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, Any] | None = None,
-               n_prompts: int | None = None, latent: Sequence[int] | None = None, ax=None):
+               n_prompts: int | None = None, latent: Sequence[int] | None = None,
+               key_clamp: Mapping[str, Any] | None = None, ax=None):
     """Mean norm of the cached keys (or values) by position (`data`: the norms table), one line per layer
     (mean over KV heads), on a y axis from 0 (a norm is read as a ratio: a zoomed axis makes a few percent look
     like structure). Each point that fewer than half of the section's `n_prompts` prompts reach (its own
@@ -321,7 +322,8 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
     key_norm (the kv summary's, where the model normalises its keys before caching): the key figure's title
     says so and, for a norm per head, a grey band shows the range its weight allows. latent (the kv summary's, on
     multi-head latent attention): the model caches one latent per position, not these per-head keys, which the
-    title and axis say (review 15d C3)."""
+    title and axis say (review 15d C3). key_clamp (the kv summary's, a clip_qkv and no key norm): the key figure's
+    title gives the clamp and the head bound it sets (review 19a B1)."""
     ax = axes(ax, (8.5, 4))
     df = data[data.kind == kind]
     means = df.groupby(["layer", "position"], as_index=False).agg(
@@ -365,6 +367,9 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
     if under:  # review 17v C2: said in the legend, by the dashes it explains (the title was 6 lines over the plot)
         same = sorted({int(k) for k in under} | {int(c) for v in under.values() for c in v})
         legend_title += f"\n{int_ranges(same)} coincide (within\n{100 * SAME:g}% of the largest norm):\ndashed on top"
+    if kind == "key" and isinstance(key_clamp, Mapping) and key_clamp.get("head_bound") is not None:
+        title += (f"\nkeys clamped to +-{float(key_clamp['clip_qkv']):g} (clip_qkv) before caching: one head's key "
+                  f"norm <= {float(key_clamp['head_bound']):.3g}")
     if kind == "key" and isinstance(key_norm, Mapping):
         name, bounds = key_norm.get("module", "k_norm"), key_norm.get("bounds") or []
         layers = sorted(int(v) for v in key_norm.get("layers") or [])
@@ -482,7 +487,8 @@ def figures(result, **kwargs) -> dict:
                                                            step=_rounding_step(result), cap=eviction_cap(result))),
                        ("kv_norms", lambda: plot_norms(result.tables["norms"], key_norm=result.summary.get("key_norm"),
                                                       n_prompts=result.summary.get("n_examples"),
-                                                      latent=result.summary.get("latent"))),
+                                                      latent=result.summary.get("latent"),
+                                                      key_clamp=result.summary.get("key_clamp"))),
                        ("kv_sinks", lambda: plot_sinks(result.tables["sinks"]))):
         if stem == "kv_eviction" and result.summary.get("eviction_skipped"):
             continue  # review 16dv B1: not run (the finding says why)

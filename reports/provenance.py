@@ -86,12 +86,24 @@ def bos_sentence(config: Mapping[str, Any]) -> str:
     --no-prepend-bos that prompts ran as tokenized; "" otherwise (the tokenizer adds its own BOS, an encoder, or
     a manifest from before this was recorded)."""
     added = config.get("bos_added")
+    if isinstance(added, str) and added and config.get("bos_is_eos"):  # review 19a C2: no bos_token of its own
+        return (f"Prompts run as `{added}` + your prompt: the tokenizer defines no BOS, so headscope prepends its "
+                "eos_token as the BOS, as TransformerLens does; --no-prepend-bos runs them as tokenized.")
     if isinstance(added, str) and added:
         return (f"Prompts run as `{added}` + your prompt: the tokenizer adds no BOS and headscope prepends its "
                 "bos_token, as TransformerLens does; --no-prepend-bos runs them as tokenized.")
     if config.get("prepend_bos") is False:
         return "Prompts run as the tokenizer tokenizes them (--no-prepend-bos: headscope puts no BOS in front)."
     return ""
+
+
+def bos_is_eos(tokenizer: Any) -> bool:
+    """Whether the BOS headscope prepends is the tokenizer's eos_token standing in for a bos_token its files do not
+    define (TransformerLens sets bos_token = eos_token then; review 19a C2), not a bos_token of its own (GPT-2's
+    <|endoftext|> is both, by its files)."""
+    own = (getattr(tokenizer, "init_kwargs", None) or {}).get("bos_token")
+    bos, eos = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "eos_token", None)
+    return own is None and bos is not None and bos == eos
 
 
 def _decode(tokenizer: Any, ids: Any) -> str:

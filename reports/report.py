@@ -355,6 +355,8 @@ class _Writer:
              resuming: bool) -> _Writer:
         """The writer, with what a --resumed OUT already holds adopted and the manifest written once (the
         settings are on record before any analysis folder appears: what --resume checks)."""
+        from headscope.reports.provenance import bos_is_eos
+
         root = session.root if session is not None else out
         if run.task_rows is not None and run.main:  # the user's prompts, shown (escaped) in the report
             import pandas as pd
@@ -381,7 +383,9 @@ class _Writer:
                        "budget_minutes": run.minutes, "strict": bool(getattr(run.task, "strict", False)),
                        "device": str(model.device), "dtype": _dtype_name(model), "prepend_bos": model.prepend_bos,
                        # review 10b A1: a BOS headscope puts in front that the tokenizer does not add (the header says it)
-                       "bos_added": model.added_bos(), "settings": settings}
+                       "bos_added": model.added_bos(), "settings": settings,
+                       # review 19a C2: that BOS is the eos_token, the tokenizer defining no bos_token
+                       **({"bos_is_eos": True} if model.added_bos() and bos_is_eos(model.tokenizer) else {})}
         writer = cls(model=model, out=out, session=session, run=run, book=book, previous=previous,
                      report_names=report_names, model_info=model_record(model), config_info=config_info)
         writer.manifest()

@@ -56,7 +56,7 @@ from headscope.analyses.attribution.adversarial import adversarial_attention
 from headscope.analyses.attribution.agreement import method_pair_rows, tau_rows
 from headscope.analyses.attribution.convergence import completeness_error, ig_convergence
 from headscope.analyses.attribution.inputs import (
-    default_baseline_token,
+    baseline_choice,
     example_generator,
     gradient_targets,
     ig_baselines,
@@ -210,6 +210,8 @@ def attribution(
     if setup.at is not None:  # review 15c B1: a masked LM scored at its mask, as heads records it
         summary["mask_read"] = mask_read(model, task, setup.at)
     summary["loo_metric"] = setup.loo_metric
+    if setup.baseline_note:  # review 19a C1: the baseline IG and "replace" use is not a special token, and why
+        summary["baseline_note"] = setup.baseline_note
     summary["gradient_input"] = am.gradient_input(model)  # what saliency & co. are taken against (13c C6)
     if loo_rows:
         summary["loo_rounding"] = rounding_summary(tables["loo_rounding"])
@@ -240,6 +242,7 @@ class _Setup:
     saturated: dict | None  # decoders: permutation.saturation of the clean runs' top-token probabilities
     loo_metric: str  # what leave-one-out scores: "tvd", "1-cosine" or "logit_diff" (loo_metric)
     at: torch.Tensor | None = None  # [batch] a masked LM's mask among each example's real tokens (read_positions)
+    baseline_note: str | None = None  # inputs.baseline_choice: no special token's embedding would do (review 19a C1)
 
 
 def top_k_routing(model: Any) -> dict[str, Any] | None:
@@ -269,7 +272,7 @@ def _setup(model, task: Task, cfg: AttributionConfig, reference: torch.Tensor | 
     kind = metric_kind(model, task, cfg, at_mask=at is not None)
     forward = am.forward_metric(model, kind, at_mask=at is not None)
     targets = gradient_targets(model, task, kind, reference, spans)
-    baseline = cfg.baseline_token if cfg.baseline_token is not None else default_baseline_token(model)
+    baseline, note = (cfg.baseline_token, None) if cfg.baseline_token is not None else baseline_choice(model)
     # rows a pass may hold at the longest length (the engines' sizing rule): IG's (example, step) rows
     # with a backward pass, leave-one-out's and the permutations' variants without
     grad_rows = batching.rows_per_pass(model, max(lengths), grad=True)
@@ -279,7 +282,8 @@ def _setup(model, task: Task, cfg: AttributionConfig, reference: torch.Tensor | 
     return _Setup(kind=kind, forward=forward, targets=targets, baseline=baseline, layer=layer, spans=spans,
                   lengths=lengths, grad_rows=grad_rows, rows=rows,
                   chunk=max(1, min(cfg.batch_size // cfg.n_steps, grad_rows // 2)),
-                  saturated=saturated, loo_metric=loo_metric(model, kind, saturated, at_mask=at is not None), at=at)
+                  saturated=saturated, loo_metric=loo_metric(model, kind, saturated, at_mask=at is not None), at=at,
+                  baseline_note=note)
 
 
 @torch.no_grad()

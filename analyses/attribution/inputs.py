@@ -66,28 +66,47 @@ MIN_BASELINE_NORM = 0.5  # a baseline embedding needs at least this fraction of 
 
 
 def default_baseline_token(model) -> int:
-    """The first of pad, unk, eos, bos whose input embedding is not near zero.
+    """The baseline token of baseline_choice (its note aside)."""
+    return baseline_choice(model)[0]
+
+
+def baseline_choice(model) -> tuple[int, str | None]:
+    """(token, note): the first of pad, unk, eos, bos whose input embedding is not near zero, note None; where every
+    one is near zero (review 19a C1: OLMo's init zeroes the pad row, and its one token is pad, eos and BOS), the token
+    whose embedding is nearest the vocabulary's mean embedding among those of normal size, with a note naming it,
+    and the special tokens, each once, with their roles.
 
     Why not near zero: a pad embedding is often exactly 0 (HF zeroes padding_idx and it is
     never trained) and rare specials decay towards 0. The first norm layer is scale-invariant,
     so on the straight path from 0 the model's output jumps within a tiny interval next to the
     baseline, and integrated gradients cannot converge there (the delta stays at
     f(x) - f(baseline) whatever the number of steps). Any token with a normal-sized embedding
-    avoids that; candidates are tried in the usual order of "content-free" tokens.
+    avoids that; candidates are tried in the usual order of "content-free" tokens, then the mean-like one.
     """
+    from headscope.models.token_text import token_strings
+
     tok = model.tokenizer
-    cands = [int(c) for c in (tok.pad_token_id, tok.unk_token_id, tok.eos_token_id, tok.bos_token_id) if c is not None]
-    if not cands:
-        raise ConfigError("The tokenizer has no pad, unk, eos or bos token; pass baseline_token= explicitly.")
-    weight = model.bridge.original_model.get_input_embeddings().weight.detach()  # [vocab, d_model]
-    norms = weight.float().norm(dim=-1)  # [vocab]
+    roles: dict[int, list[str]] = {}  # token -> its roles, in the order tried, each token once
+    for role in ("pad", "unk", "eos", "bos"):
+        if (c := getattr(tok, f"{role}_token_id", None)) is not None:
+            roles.setdefault(int(c), []).append(role)
+    weight = model.bridge.original_model.get_input_embeddings().weight.detach().float()  # [vocab, d_model]
+    norms = weight.norm(dim=-1)  # [vocab]
     floor = MIN_BASELINE_NORM * float(norms.median())
-    for cand in cands:
-        if cand < norms.shape[0] and float(norms[cand]) >= floor:
-            return cand
-    raise ConfigError(
-        f"Every special token ({cands}) has a near-zero input embedding (norm < {MIN_BASELINE_NORM} x the median), "
-        "which makes integrated gradients diverge; pass baseline_token= a content-free token with a normal embedding.")
+    for cand in roles:
+        if cand < norms.shape[0] and float(norms[cand]) >= floor and float(norms[cand]) > 0:
+            return cand, None
+    normal = ((norms >= floor) & (norms > 0)).nonzero().reshape(-1)  # [n] tokens of normal size
+    if not len(normal):
+        raise ConfigError(f"Every token has a near-zero input embedding (norm < {MIN_BASELINE_NORM} x the median), "
+                          "which makes integrated gradients diverge; pass baseline_token= explicitly.")
+    gap = (weight[normal] - weight.mean(0)).norm(dim=-1)  # [n] distance to the mean embedding
+    pick = int(normal[int(gap.argmin())])
+    specials = ", ".join(f"{token_strings(tok, [c])[0]!r} (id {c}: {', '.join(r)})" for c, r in roles.items())
+    why = (f"{specials} {'have' if len(roles) > 1 else 'has'} a near-zero input embedding (norm < "
+           f"{MIN_BASELINE_NORM} x the median)" if roles else "the tokenizer has no pad, unk, eos or bos token")
+    return pick, (f"token {token_strings(tok, [pick])[0]!r} (id {pick}, the one whose input embedding is nearest the "
+                  f"vocabulary's mean embedding), not a special token: {why}")
 
 
 def ig_baselines(tokens: torch.Tensor, baseline_token: int, at: torch.Tensor | None = None) -> torch.Tensor:

@@ -146,13 +146,33 @@ def _set_flag(bridge, name: str, value: bool) -> None:
 SPLIT_REASON = "TransformerLens's bridge does not compute them for this model's attention (its plain AttentionBridge)"
 
 
+_NATIVE_SPLIT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> every hook_{q,k,v}_input fired
+
+
 def head_split(model) -> HeadSplit | None:
     """None where the bridge makes hook_result and hook_{q,k,v}_input itself (inside edge_hooks_enabled),
-    else the HeadSplit that computes them from the weights."""
+    else the HeadSplit that computes them from the weights. Review 19a A4: MPT's ALiBi attention bridge takes
+    use_split_qkv_input and never fires the split inputs (a KeyError mid-pass), so whether they fire is probed
+    once (one pass of two tokens), as native_mlp_in's."""
     cfg = model.bridge.cfg
-    if cfg.use_attn_result and cfg.use_split_qkv_input:
+    if not (cfg.use_attn_result and cfg.use_split_qkv_input):
+        return HeadSplit(model, SPLIT_REASON)
+    key = model.bridge
+    if key not in _NATIVE_SPLIT:
+        fired: set[str] = set()
+        names = [f"blocks.{layer}.attn.hook_{k}_input" for layer in range(model.facts.n_layers) for k in KINDS]
+        try:
+            with torch.no_grad():
+                _forward(model, torch.zeros(1, 2, dtype=torch.long), None,
+                         [(n, lambda x, hook: fired.add(hook.name)) for n in names])
+        except KeyError:  # no such hook on this bridge
+            pass
+        _NATIVE_SPLIT[key] = len(fired) == len(names)
+    if _NATIVE_SPLIT[key]:
         return None
-    return HeadSplit(model, SPLIT_REASON)
+    attn = type(model.bridge.blocks[0].attn).__name__
+    return HeadSplit(model, f"TransformerLens's bridge does not fire this model's split q/k/v inputs (its {attn} "
+                            "takes use_split_qkv_input and ignores it)")
 
 
 MLP_REASON = "TransformerLens's bridge does not fire this model's hook_mlp_in (a parallel block, or BLOOM's block)"

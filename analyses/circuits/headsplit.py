@@ -33,6 +33,11 @@ class HeadSplit:
 
     def __init__(self, model, reason: str):
         self.name, self.reason = model.facts.name, reason
+        if (clip := getattr(model.facts, "clip_qkv", None)) is not None:  # review 19a A4 (MPT): one line, no KeyError
+            raise UnsupportedModelError(
+                f"{self.name}: edge attribution needs each head's own q/k/v input; {reason}, and q, k and v are "
+                f"clamped to +-{clip:g} (clip_qkv) after the projection, which headscope's split from the weights does "
+                "not model, so edges are not computed; the logit lens and DLA stand.")
         self.layers = []
         for block in model.bridge.blocks:
             attn, ln1 = block.attn, getattr(block, "ln1", None)

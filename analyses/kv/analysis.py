@@ -348,6 +348,20 @@ def key_norm_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
     return record
 
 
+def key_clamp_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
+    """The summary's `key_clamp` (review 19a A1/B1: MPT's attn_config.clip_qkv, OLMo 1's clip_qkv): every cached key
+    entry clamped to +-clip with no key norm before it (key_norm_record names the clamp where there is one), so one
+    head's key norm is at most clip x sqrt(d_head) (`head_bound`), with the largest cached key norm the norms table
+    measured (`largest`: one prompt's, norm_max, where recorded); None without a clamp."""
+    clip = getattr(model.facts, "clip_qkv", None)
+    if clip is None:
+        return None
+    keys = norms[norms.kind == "key"] if "kind" in norms else norms.iloc[:0]
+    column = "norm_max" if "norm_max" in keys else "norm"
+    return {"clip_qkv": float(clip), "head_bound": float(clip) * model.facts.d_head ** 0.5,
+            "largest": float(keys[column].max()) if len(keys) else None}
+
+
 def _context_sizes(model, anatomy: CacheAnatomy, longest: int) -> dict[str, Any]:
     """The cache at full context (bytes_at_n_ctx; sliding-window layers hold only their window where Hugging
     Face's cache keeps only it, models.cache_windows), were every layer global, and (bytes_at_n_ctx_windowed,
@@ -478,6 +492,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
                                            progress=config.progress)
         summary.update(_eviction_summary(model, task, config, sweep))
     summary.update(_state_summary(model, task, sink_table, per_prompt, key_norm))
+    if key_norm is None and (clamp := key_clamp_record(model, norms)) is not None:
+        summary["key_clamp"] = clamp  # review 19a B1: the ratio compares clamped keys; the finding says so
     return Result(name="kv", df=sweep, summary=summary,
                   tables={"anatomy": anatomy_table(anatomy, config.contexts, n_ctx=model.facts.context_limit), "norms": norms,
                           "sinks": sink_table},

@@ -1038,8 +1038,12 @@ def test_minilm_tau_distribution():
 
 
 def test_default_baseline_token_skips_zero_embeddings(tiny_dirs):
-    """A zero pad embedding is skipped for the next special token; all zero is a clear error."""
-    from headscope.analyses.attribution.inputs import default_baseline_token
+    """A zero pad embedding is skipped for the next special token; all special tokens zero (review 19a C1: OLMo 1,
+    whose one token is pad, eos and BOS) falls back to the token nearest the mean embedding (numpy by hand), named with
+    each special token once; every token zero is a clear error."""
+    import numpy as np
+
+    from headscope.analyses.attribution.inputs import baseline_choice, default_baseline_token
 
     model = hs.load_model(tiny_dirs["llama"], device="cpu")  # a private copy: its weights are edited
     tok = model.tokenizer
@@ -1051,6 +1055,18 @@ def test_default_baseline_token_skips_zero_embeddings(tiny_dirs):
         expected = next(i for i in specials if i != tok.pad_token_id)
         assert default_baseline_token(model) == expected
         emb[specials] = 0.0
+        tok.bos_token = tok.eos_token  # one token in two roles: listed once
+        w = emb.detach().numpy().astype(np.float64)  # [vocab, d]
+        norms = np.linalg.norm(w, axis=1)
+        normal = np.flatnonzero(norms >= 0.5 * np.median(norms))
+        want = int(normal[np.argmin(np.linalg.norm(w[normal] - w.mean(0), axis=1))])
+        pick, note = baseline_choice(model)
+        assert pick == want and pick not in specials
+        assert note.startswith(f"token {model.to_str_tokens(torch.tensor([pick]))[0]!r} (id {pick}, the one whose")
+        assert note.count(repr(tok.eos_token)) == 1 and f"(id {tok.eos_token_id}: eos, bos)" in note
+        from headscope.reports.attribution_words import finding
+        assert finding({"n_examples": 4, "baseline_note": note}) == f"Integrated gradients run from baseline {note}."
+        emb[:] = 0.0
     with pytest.raises(ValueError, match="baseline_token="):
         default_baseline_token(model)
 
