@@ -163,7 +163,8 @@ def cell_means(pm: PatchMetric, values: torch.Tensor, base: torch.Tensor, clean:
     """Per cell (values [cell, batch], NaN where the cell is padding in a row), each mean over the
     rows where the cell is real (every row without padding): {"value": pm.finish(mean values, mean
     clean, mean corrupt), "base": pm.finish(mean base, ...), the unpatched run over those same rows,
-    "effect": value - base, "n_rows": how many rows}. base: per-row [batch] or per cell [cell, batch]; clean, corrupt: per-row [batch].
+    "effect": value - base, "n_rows": how many rows}. base: per-row [batch] or per cell [cell, batch]; clean,
+    corrupt: per-row [batch].
     Values [cell] in float64 (n_rows int64). Where a position is padding in some rows, `base` is not
     the summary's baseline (a mean over every row), so value - baseline is not the effect there."""
     real = ~torch.isnan(values)  # [cell, batch]
