@@ -51,3 +51,34 @@ def test_rotary_is_skipped_on_the_nope_layers_and_the_words_name_them(smol):
 def test_rope_words_skip_the_nope_layers():
     assert rope_words((1e4, None, 1e6, None)) == "rotary base 10000 on layer 0 and 1e+06 on layer 2"
     assert rope_words((1e4, None, 1e4, None)) == ""
+
+
+def test_kv_and_position_words_name_the_nope_layers(smol):
+    """Review 19c B2: the review's sink on layer 1 (2.3x uniform) sits on a NoPE layer: the kv and position sink
+    sentence says which layers apply no rotary and that the sink is on one; the kv summary records them."""
+    from headscope.reports.findings import sink_sentence
+
+    def rec(layer, mass, sink):
+        return {"layer": layer, "mass": mass, "baseline": 0.13555, "ci": [mass - 0.02, mass + 0.02],
+                "excess_ci": [mass - 0.16, mass - 0.12], "ratio": mass / 0.13555, "n": 16, "sink": sink}
+
+    records = [rec(0, 0.16, False), rec(1, 0.31, True), rec(2, 0.14, False), rec(3, 0.12, False)]
+    text = sink_sentence(records, n_sink=1, nope=[1, 3])
+    assert text.endswith("95%-CI above 0). Layers 1, 3 apply no rotary (NoPE): attention there sees positions only "
+                         "through the causal mask (the sink on layer 1 is on them)."), text
+    assert "NoPE" not in sink_sentence(records, n_sink=1)
+    _, model = smol
+    s = hs.kv_analysis(model, None, hs.KVConfig.preset(quick=True)).summary
+    assert s["nope_layers"] == [1, 3]
+
+
+def test_position_retrieval_heads_on_a_nope_layer_are_named():
+    from headscope.reports.plots_position import _retrieval
+
+    test = {"n_rows": 80, "n_heads": 16, "n_examples": 40, "correction": "holm",
+            "heads": [{"layer": 1, "head": 2, "r": 0.61, "ci": [0.4, 0.76], "p_holm": 0.001},
+                      {"layer": 2, "head": 0, "r": 0.5, "ci": [0.3, 0.66], "p_holm": 0.01}]}
+    said = _retrieval({"retrieval_test": test, "nope_layers": [1, 3]})
+    assert said.endswith(" L1H2 is on a layer without rotary (NoPE), which sees positions only through the causal "
+                         "mask."), said
+    assert "NoPE" not in _retrieval({"retrieval_test": test})
