@@ -52,6 +52,16 @@ def test_patching_an_activation_with_itself_is_exactly_zero_in_bfloat16(bf16_lla
     assert len(real) and (real["effect"] == 0).all(), real.loc[real["effect"] != 0, ["site_type", "layer", "effect"]]
 
 
+@pytest.mark.parametrize("receivers", ["logits", [(1, 0)]])
+def test_path_patching_an_output_with_itself_is_exactly_zero_in_bfloat16(bf16_llama, receivers):
+    """Path patching's effects are against its null run (the same hooks adding nothing): clean = corrupted gives
+    exactly 0 on every path, to the logits and into a receiver's q (before: the hook-free unpatched pass's rounding)."""
+    task = _task(True)
+    same = dataclasses.replace(task, corrupted_tokens=task.tokens.clone())
+    df = hs.path_patching(bf16_llama, same, receivers=receivers).df
+    assert len(df) and (df["effect"] == 0).all(), df[["sender_layer", "sender_head", "effect"]]
+
+
 def _hf_q_patch(path, dtype, task: Task, layer: int, head: int) -> tuple[float, float]:
     """(unpatched, patched) mean logit difference of plain Hugging Face on the corrupted prompts, the clean run's
     q_proj output of `head` (every position) written into the corrupted run at `layer`; float32 subtraction."""
