@@ -96,10 +96,24 @@ def qkv_words(facts, kind: str) -> str | None:
     return f"after {' and '.join(parts)}: what attention uses, per head" if parts else None
 
 
+def nope_site_words(facts, kind: str, layer: int | None = None) -> str | None:
+    """Review 19c A2: on a model with NoPE layers (ModelFacts.nope_layers: SmolLM3, Llama 4), what rot_q / rot_k hold
+    there: 'equal to q on layers 1, 3: no rotary (NoPE) there' (layer None), 'equal to q: no rotary (NoPE) on this
+    layer' (a NoPE layer); None for other sites, layers and models."""
+    from headscope.models.config_facts import _layers
+
+    nope = sorted(getattr(facts, "nope_layers", ()) or ())
+    if kind not in ("rot_q", "rot_k") or not nope or (layer is not None and layer not in nope):
+        return None
+    if layer is not None:
+        return f"equal to {kind[-1]}: no rotary (NoPE) on this layer"
+    return f"equal to {kind[-1]} on {_layers(nope)}: no rotary (NoPE) there"
+
+
 def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool = False, facts=None, *,
                   post_norms: tuple[str, ...] | list[str] | None = None,
-                  score_softcap: float | None = None) -> tuple[str, str]:
-    """(shape, doc) of a site kind for the sites table; on multi-head latent attention (ModelFacts.mla) the
+                  score_softcap: float | None = None, layer: int | None = None) -> tuple[str, str]:
+    """(shape, doc) of a site kind (at `layer`; None: any) for the sites table; on multi-head latent attention (facts.mla) the
     q/k/v/rot sites' true widths and what the cache holds (HF's DeepseekV3Attention caches the normed latent and
     the one roped key, and expands per-head K/V from them; review 16v C2). scores_hold_weights
     (hooks.edits.scores_hold_weights): the scores site holds the softmax weights there (review 17d A3).
@@ -133,6 +147,7 @@ def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool 
             return SITES[kind].shape, specific[kind]
     if not mla or kind not in ("q", "k", "v", "rot_q", "rot_k"):
         after = qkv_words(facts, kind) if facts is not None else None  # facts: the model's (clip_qkv, qk_norm)
+        after = after or (nope_site_words(facts, kind, layer) if facts is not None else None)
         return SITES[kind].shape, SITES[kind].doc + (f" ({after})" if after else "")
     qk, rope, v, latent = mla["d_head_qk"], mla["d_head_rope"], mla["d_head_v"], mla["kv_lora_rank"]
     return {

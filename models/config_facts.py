@@ -6,7 +6,8 @@ C1), for ModelFacts, print(model), the report header and model.cfg's Transformer
 - the attention scores' scale where it is not 1/sqrt(d_head): each attention module's `scaling` (Gemma 2/3's
   query_pre_attn_scalar^-0.5);
 - the soft-caps: final logits cap * tanh(logit / cap), attention scores the same (Gemma 2);
-- each layer's rotary base (Gemma 3: 10,000 on sliding layers, 1,000,000 on global ones).
+- each layer's rotary base (Gemma 3: 10,000 on sliding layers, 1,000,000 on global ones), and the layers without
+  rotary (SmolLM3's and Llama 4's NoPE layers, no_rope_layers).
 
 TransformerLens 4.3's bridge leaves several of these at its defaults (attn_scale -1, use_qk_norm False, window_size
 None, rotary_base 10000 wherever the HF config has no flat rope_theta); `tl_config_fields` gives the true values,
@@ -74,10 +75,40 @@ def softcaps(config: Any) -> tuple[float | None, float | None]:
     return tuple(float(c) if isinstance(c, (int, float)) and c else None for c in caps)  # type: ignore[return-value]
 
 
-def rope_bases(config: Any, n_layers: int) -> tuple[float, ...] | None:
+def nope_layers(bridge: Any, config: Any, n_layers: int) -> tuple[int, ...]:
+    """The layers that apply no rotary embedding (NoPE) on a rotary model (review 19c A1): those whose Hugging Face
+    attention module has use_rope False (SmolLM3, Llama 4), else those the config's no_rope_layers marks 0 (1 means
+    rotary there: HF's use_rope = config.no_rope_layers[layer]); () where every layer rotates."""
+    from headscope.models.hooked_model import raw_module  # it imports this module
+
+    blocks = list(getattr(bridge, "blocks", None) or [])[:n_layers]
+    flags = [getattr(raw_module(b.attn), "use_rope", None) if getattr(b, "attn", None) is not None else None
+             for b in blocks]
+    if len(flags) == n_layers and all(isinstance(f, (bool, int)) for f in flags):
+        return tuple(i for i, f in enumerate(flags) if not f)
+    marks = getattr(config, "no_rope_layers", None)
+    if isinstance(marks, Sequence) and len(marks) >= n_layers and all(isinstance(m, (bool, int)) for m in marks):
+        return tuple(i for i in range(n_layers) if not marks[i])
+    return ()
+
+
+def nope_words(nope: Iterable[int] | None) -> str:
+    """'no rotary (NoPE) on layers 1, 3': the layers that see positions only through the causal mask; '' for none."""
+    layers = sorted(int(i) for i in nope or ())
+    return f"no rotary (NoPE) on {_layers(layers)}" if layers else ""
+
+
+def rope_bases(config: Any, n_layers: int, nope: Iterable[int] = ()) -> tuple[float | None, ...] | None:
     """Each layer's rotary base (rope_theta) from the config: rope_parameters by layer type (Gemma 3's
     {"sliding_attention": {...}, "full_attention": {...}} with layer_types), one rope_parameters / rope_theta for all
-    layers otherwise; None where the config names none."""
+    layers otherwise; None where the config names none. None on the layers in `nope` (no rotary there, review 19c
+    A1: SmolLM3's config names one rope_theta for every layer)."""
+    bases = _rope_bases(config, n_layers)
+    skip = set(nope)
+    return None if bases is None else tuple(None if i in skip else b for i, b in enumerate(bases))
+
+
+def _rope_bases(config: Any, n_layers: int) -> tuple[float, ...] | None:
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, Mapping) and params and all(isinstance(v, Mapping) for v in params.values()):
         types = getattr(config, "layer_types", None)
@@ -98,11 +129,12 @@ def rope_words(bases: Sequence[float] | None, windowed: Iterable[int] = ()) -> s
     """'rotary base 10000 on layers 0, 1, 2 and 1e+06 on layer 3' where the layers' bases differ, else ''; where one
     base is on exactly the sliding-window layers (`windowed`) and another on the rest: 'rotary base 10000 on the
     sliding-window layers and 1e+06 on the global ones' (Gemma 3's 26 layers need no list)."""
-    if not bases or len(set(bases)) < 2:
+    if not bases or len({b for b in bases if b is not None}) < 2:  # None: a NoPE layer (nope_words)
         return ""
     by: dict[float, list[int]] = {}
     for layer, base in enumerate(bases):
-        by.setdefault(float(base), []).append(layer)
+        if base is not None:
+            by.setdefault(float(base), []).append(layer)
     local = set(windowed)
     if len(by) == 2 and local and any(set(ls) == local for ls in by.values()):
         (a, la), (b, _) = sorted(by.items(), key=lambda kv: set(kv[1]) != local)
@@ -131,7 +163,8 @@ def header_words(model: Mapping[str, Any]) -> list[str]:
            and not model.get("experts_per_layer") else [])
     norms = ["norms LayerNorm1P (weight applied as 1 + w)"] if model.get("norm_one_plus") is True else []
     return cap_words(model.get("final_softcap"), model.get("attn_softcap")) + (
-        [w] if (w := rope_words(model.get("rope_bases"), windowed)) else []) + mlp + norms
+        [w] if (w := rope_words(model.get("rope_bases"), windowed)) else []) + (
+        [w] if (w := nope_words(model.get("nope_layers"))) else []) + mlp + norms  # review 19c A1
 
 
 # activations by TransformerLens / config name, as functions of float32 x (mlp_activation compares the model's own)
@@ -197,6 +230,8 @@ def repr_words(facts: Any, windowed: Iterable[int] = ()) -> str:
         out += f"attention_scale={facts.attention_scale:.6g} (not 1/sqrt({width})), "
     if words := rope_words(facts.rope_bases, windowed):
         out += "rope_theta=(" + words.removeprefix("rotary base ").replace(" and ", "; ") + "), "
+    if words := nope_words(getattr(facts, "nope_layers", ())):  # review 19c A1
+        out += words + ", "
     if facts.attn_softcap:
         out += f"attn_softcap={facts.attn_softcap:g}, "
     if facts.final_softcap:
@@ -233,13 +268,15 @@ def tl_config_fields(facts: Any, windows: Sequence[int | None], embed_inside: fl
     if len(sizes) == 1:
         out.update(window_size=sizes.pop(), use_local_attn=True,
                    attn_types=["global" if w is None else "local" for w in windows])
-    if facts.positional == "rotary" and facts.rope_bases:
-        local = [b for b, w in zip(facts.rope_bases, windows) if w is not None]
-        full = [b for b, w in zip(facts.rope_bases, windows) if w is None] or local
+    if facts.positional == "rotary" and facts.rope_bases and any(b is not None for b in facts.rope_bases):
+        local = [b for b, w in zip(facts.rope_bases, windows) if w is not None and b is not None]
+        full = [b for b, w in zip(facts.rope_bases, windows) if w is None and b is not None] or local
         integral = lambda b: int(b) if float(b).is_integer() else b  # noqa: E731  TransformerLens keeps an int
         out["rotary_base"] = integral(full[0])
         if local and set(local) != set(full):
             out["rotary_base_local"] = integral(local[0])
+    if getattr(facts, "nope_layers", ()):  # review 19c A1: no TransformerLens field says it; headscope's own
+        out["nope_layers"] = list(facts.nope_layers)
     if embed_inside != 1.0 and math.isclose(embed_inside, facts.d_model ** 0.5, rel_tol=2 ** -8):  # bfloat16's step
         out["scale_embedding"] = True
     return out

@@ -72,7 +72,10 @@ class ModelFacts:
     # Gemma 2/3), None without; each layer's rotary base (Gemma 3: 1e4 sliding, 1e6 global), None where not read.
     final_softcap: float | None = None
     attn_softcap: float | None = None
-    rope_bases: tuple[float, ...] | None = None
+    rope_bases: tuple[float | None, ...] | None = None  # None on a NoPE layer
+    # Review 19c A1: the layers that apply no rotary (SmolLM3 / Llama 4 no_rope_layers): they see positions only
+    # through the causal mask, and their hook_rot_q / hook_rot_k equal hook_q / hook_k. () where every layer rotates.
+    nope_layers: tuple[int, ...] = ()
     # Multi-head latent attention (DeepSeek-V2/V3: the config has kv_lora_rank): q/k heads d_head_qk wide
     # (qk_nope + qk_rope_dim rotary), v heads and z d_head (= v_head_dim) wide, K/V expanded from a kv_lora_rank
     # latent, q from a q_lora_rank one (None: q projected directly). All None on other attention.
@@ -146,6 +149,7 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
     hf = config_facts.hf_text_config(bridge)
     caps = config_facts.softcaps(hf)
     rotary = str(getattr(cfg, "positional_embedding_type", "")) == "rotary"
+    nope = config_facts.nope_layers(bridge, hf, int(cfg.n_layers)) if rotary else ()  # review 19c A1
     return ModelFacts(
         name=name,
         family=_FAMILIES.get(arch, arch),
@@ -174,7 +178,8 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         post_ln=any(is_post_ln_block(b) for b in getattr(bridge, "blocks", None) or []),
         d_embed=_projected_embedding(bridge, int(cfg.d_model)),
         final_softcap=caps[0], attn_softcap=caps[1],
-        rope_bases=config_facts.rope_bases(hf, int(cfg.n_layers)) if rotary else None,
+        rope_bases=config_facts.rope_bases(hf, int(cfg.n_layers), nope) if rotary else None,
+        nope_layers=nope,
         **_attention_facts(bridge, None if mla else int(cfg.d_head), str(getattr(cfg, "positional_embedding_type", ""))),
     )
 

@@ -521,7 +521,7 @@ def _uniform_words(rows: Any) -> str:
 
 
 def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: str = "prompts",
-                  windowed: Any = (), what: str | None = None, baseline: Any = None) -> str:
+                  windowed: Any = (), what: str | None = None, baseline: Any = None, nope: Any = ()) -> str:
     """The attention-sink sentence the kv and position findings share, from the summary's per-layer
     "sinks" records (analyses/position/sinks.layer_sinks): each layer's mass on the first tokens with
     its 95% interval over examples against the uniform-attention share, and the layers that are sinks
@@ -529,7 +529,8 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
     of more than 6 layers: the sink layers in full, the others as a range. windowed: the sliding-window
     layers, whose mass averages only the queries that see the first token (kv's sink_stats). what: the sink
     tokens in words ("[CLS] (the first token)"), else "the first n_sink token(s)". baseline: the summary's
-    sink_baseline; "alibi": the records' "baseline" is what ALiBi's bias alone gives (review 16c B1), named so."""
+    sink_baseline; "alibi": the records' "baseline" is what ALiBi's bias alone gives (review 16c B1), named so. nope: the
+    layers without rotary (summary nope_layers, review 19c B2), named after the verdict (nope_sentence)."""
     rows = [r for r in records or [] if isinstance(r, Mapping) and _num(r.get("mass")) is not None]
     if not rows:
         return ""
@@ -567,7 +568,24 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
         verdict = f"An attention sink in layer(s) {', '.join(str(r['layer']) for r in sinks)} ({rule})."
     else:
         verdict = f"No layer is an attention sink (none is {rule})."
-    return head + listed + ". " + copies + verdict
+    note = nope_sentence(nope, [int(r["layer"]) for r in sinks])
+    return head + listed + ". " + copies + verdict + (" " + note if note else "")
+
+
+def nope_sentence(nope: Any, named: Any = (), what: str = "sink") -> str:
+    """Review 19c B2: 'Layers 1, 3 apply no rotary (NoPE): attention there sees positions only through the causal mask
+    (the sink on layer 1 is on one of them).' where the model has such layers (summary nope_layers); named: the layers
+    a sentence names (sinks, heads' layers), said where they are NoPE; '' without NoPE layers."""
+    layers = sorted({int(x) for x in nope or () if _num(x) is not None})
+    if not layers:
+        return ""
+    on = sorted({int(x) for x in named or ()} & set(layers))
+    where = f"Layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))} appl{'y' if len(layers) > 1 else 'ies'}"
+    said = f"{where} no rotary (NoPE): attention there sees positions only through the causal mask"
+    if on:
+        said += (f" (the {what}{'s' if len(on) > 1 else ''} on layer{'s' if len(on) > 1 else ''} "
+                 f"{', '.join(map(str, on))} {'are' if len(on) > 1 else 'is'} on {'them' if len(layers) > 1 else 'it'})")
+    return said + "."
 
 
 def ratio_alone(rows: list[Mapping[str, Any]]) -> list[int]:

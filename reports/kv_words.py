@@ -179,7 +179,8 @@ def finding(s: Mapping[str, Any]) -> str:
     if norms:
         parts.append(norms)
     sinks = sink_sentence(s.get("sinks"), n_sink=1, task=s.get("task"),  # the attention the first key receives
-                          windowed=list(binding_windows(s)), baseline=s.get("sink_baseline"))
+                          windowed=list(binding_windows(s)), baseline=s.get("sink_baseline"),
+                          nope=s.get("nope_layers") or ())  # review 19c B2
     if sinks:
         parts.append(sinks)
         bos = s.get("first_token_added_bos")

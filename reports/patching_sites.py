@@ -212,8 +212,14 @@ def _effect_ci(cell: Mapping[str, Any], gap: float | None, floor: float | None =
     without one.
     floor (the summary's rounding floor, in the effect's raw units `unit`): an interval that excludes 0 only by
     an end within the floor of 0 is said to reach 0 within rounding (review 14c B3: [+0.025, +10.6] logits under
-    a floor of 0.07 read "[0.00, 0.60]", as clear of 0)."""
+    a floor of 0.07 read "[0.00, 0.60]", as clear of 0); an effect within the floor is said to be, no interval
+    given (review 19c B1: bfloat16 q/k cells of 0.01 logits with intervals clear of 0)."""
     ci, n = ci_pair(cell.get("ci")), _num(cell.get("n"))
+    effect = _num(cell.get("effect"))
+    if floor and effect is not None and (abs(effect) <= floor or cell.get("within_rounding")):
+        # review 19c B1: an effect within the rounding floor is no evidence, whatever its interval over the rows
+        return (f", within the rounding floor of 0 ({effect:+.2g}{' ' + unit if unit else ''} against {floor:.2g}"
+                + (f", {n:.0f} examples" if n else "") + "): not told apart from 0")
     if ci is None:
         return f", n = {n:.0f} examples" if n else ""
     lo, hi = share_span(cell, gap) if gap else (ci[0], ci[1])

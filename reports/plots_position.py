@@ -304,7 +304,8 @@ def finding(s: Mapping[str, Any]) -> str:
     base = _num(s.get("sink_baseline_share", s.get("sink_uniform_baseline")))  # old runs: the old name
     binding, loose = windows_that_bind(s)
     shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples",
-                           what=s.get("sink_label"), windowed=binding, baseline=s.get("sink_baseline"))
+                           what=s.get("sink_label"), windowed=binding, baseline=s.get("sink_baseline"),
+                           nope=s.get("nope_layers") or ())  # review 19c B2
     if shared:  # the kv finding's criterion, with intervals over examples
         parts.append(shared)
         if loose:
@@ -441,8 +442,12 @@ def _retrieval(s: Mapping[str, Any]) -> str:
                 f"({how}, {n}): no retrieval head is named.")
     said = [f"L{h['layer']}H{h['head']} (r = {h['r']:.2f}{_ci(h.get('ci'))}, adjusted p = "
             f"{h.get('p_holm', float('nan')):.2g})" for h in passed[:4]]
+    nope = {int(x) for x in s.get("nope_layers") or ()}  # review 19c B2: heads on layers without rotary, named
+    on = [f"L{h['layer']}H{h['head']}" for h in passed[:4] if h.get("layer") in nope]
     return (f"{len(passed)} retrieval head(s) track the {tracked}, with gold-span mass above the other heads' ({how}, "
-            f"{n}): " + ", ".join(said) + more + ".")
+            f"{n}): " + ", ".join(said) + more + "." + (f" {', '.join(on)} {'are' if len(on) > 1 else 'is'} on a layer "
+                                                         "without rotary (NoPE), which sees positions only through the "
+                                                         "causal mask." if on else ""))
 
 
 def _shape(values: Mapping[str, float], ci: Mapping[str, Any], n: Any) -> str:

@@ -168,9 +168,20 @@ def with_source(result: Any, model: Any, task: Any = None) -> Any:
     if result.source("dtype") is None and isinstance(dtype, torch.dtype):
         add["dtype"] = str(dtype).removeprefix("torch.")
     if result.source("task") is None:
-        name = getattr(task, "name", task)
-        add["task"] = name if isinstance(name, str) else ("default" if task is None else type(task).__name__)
+        add["task"] = task_label(task)
     return dataclasses.replace(result, config={**(result.config or {}), **add}) if add else result
+
+
+def task_label(task: Any) -> str:
+    """The name a Result gives the task it ran on: a Task's own name; a task file's stem, as load_task names the Task it
+    reads (review 19c C1: hs.TaskFile("tools.json", ...) read 'tools.json' where head_importance said 'tools'); a
+    zoo task's name; 'default' for None; else the input's type."""
+    from headscope.analyses.core.task_sources import FORMATS
+
+    name = getattr(task, "name", task)
+    if isinstance(name, os.PathLike) or (isinstance(name, str) and Path(name).suffix.lower() in FORMATS):
+        return Path(os.fspath(name)).stem
+    return name if isinstance(name, str) else ("default" if task is None else type(task).__name__)
 
 
 def names_source(fn: Callable[..., Any]) -> Callable[..., Any]:

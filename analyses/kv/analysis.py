@@ -537,6 +537,8 @@ def _state_summary(model, task: Task, sink_table: pd.DataFrame, per_prompt: pd.D
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),
         "sink_baseline": "alibi" if alibi_slopes(model) is not None else "uniform",  # what "baseline" records hold
+        # review 19c B2: the layers without rotary (NoPE), which the sink sentence names
+        **({"nope_layers": list(model.facts.nope_layers)} if model.facts.nope_layers else {}),
         # NaN (null) where the layer's cache no longer holds the first key (a sliding window past it)
         "sink_key_norm_ratio_per_layer": {str(r.layer): float(r.sink_key_norm_ratio) for r in sink_table.itertuples()},
         # each prompt's ratio, per layer its mean over the prompts with a 95% t interval and n (what the finding states)

@@ -94,12 +94,13 @@ def column_tokens(model, tokens: torch.Tensor, mask: torch.Tensor | None = None,
     return {str(p - n_pos): {"token": str(t), "n": n, "of": of} for (p, _, n, of), t in zip(found, texts)}
 
 
-def at_corrupted_token(pm: PatchMetric, name: str, cells: list, values: torch.Tensor, base: torch.Tensor,
+def at_corrupted_token(pm: PatchMetric, name: str, cells: list, values: torch.Tensor, base: torch.Tensor | dict,
                        clean: torch.Tensor, corrupt: torch.Tensor, first: torch.Tensor,
                        frame: pd.DataFrame, share: bool = False) -> list[dict]:
     """Per layer of one (layer, pos) site type: the effect at each row's corrupted token (first [batch]),
     from the sweep's per-row values [cell, batch] (NaN where padding); frame: the type's exact rows.
-    share: each record also carries share_ci, its share of the run's gap's interval (inputs.share_intervals)."""
+    share: each record also carries share_ci, its share of the run's gap's interval (inputs.share_intervals).
+    base: the unpatched metric [batch], or {layer: [batch]} (each layer's null run, exact_sweep)."""
     index = {(layer, pos): i for i, (layer, _, pos) in enumerate(cells)}
     layers = sorted({layer for layer, _, _ in cells})
     rows = torch.arange(values.shape[1])
@@ -108,6 +109,8 @@ def at_corrupted_token(pm: PatchMetric, name: str, cells: list, values: torch.Te
         for r, p in zip(rows.tolist(), first.tolist()):
             if p >= 0 and (layer, p) in index:
                 aligned[k, r] = values[index[layer, p], r]
+    if isinstance(base, dict):
+        base = torch.stack([base[layer] for layer in layers])  # [layer, batch]
     means = cell_means(pm, aligned, base, clean, corrupt)
     ci = effect_intervals(pm, aligned, base, clean, corrupt)
     shares = share_intervals(aligned, base, clean, corrupt, whole_gap=True) if share else None

@@ -112,24 +112,34 @@ def exact_sweep(
     memory_budget: int | None = None,
     progress: bool = False,
     attention_mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, tuple[list, torch.Tensor]]]:
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, tuple[list, torch.Tensor, dict[int, torch.Tensor]]]]:
     """Patch every cell of every site type from the `source` run into runs on `base` (both [B, pos]).
 
     One batched sweep for all types: the source prompts ride along as lead rows (their
-    activations are the patch values), plus one unpatched base run for the baseline.
+    activations are the patch values), plus one unpatched base run for the baseline, and per site
+    type and layer one null run: that site's hook at that layer patching nothing, so it takes the
+    arithmetic path of the layer's patched runs (review 19c B1: a resumed pass through a hooked block
+    rounds otherwise than the captured pass in bfloat16, 0.004 logits on every q/k cell). A cell's
+    effect is its run minus its null run: a patch that changes nothing gives exactly 0.
     attention_mask: [B, pos] left padding shared by base and source (or None); a cell whose
     position is padding in a row is NaN there.
-    Returns (base metric [B], source metric [B], {site type: (cells, metric values [n_cells, B])}).
+    Returns (base metric [B], source metric [B], {site type: (cells, metric values [n_cells, B],
+    {layer: null run's metric [B]})}).
     """
     n_lead = source.shape[0]
-    runs = [None] + [(st, cell) for st in types for cell in st.cells(model, base.shape[1])]
+    runs: list = [None]  # (site type, (layer, head, pos), null?) per run; run 0 the unpatched base run
+    for st in types:
+        cells = st.cells(model, base.shape[1])
+        for layer in dict.fromkeys(c[0] for c in cells):
+            mine = [c for c in cells if c[0] == layer]
+            runs += [(st, (layer, None, mine[0][2]), True)] + [(st, c, False) for c in mine]
 
     def hooks_for(chunk: range):
-        groups = defaultdict(list)  # (site type, layer) -> [(run in chunk, index)]
+        groups = defaultdict(list)  # (site type, layer) -> [(run in chunk, index)]; a null run adds none
         for i, run in enumerate(chunk):
             if runs[run] is not None:
-                st, (layer, head, pos) = runs[run]
-                groups[st.name, layer].append((i, st.index(head, pos)))
+                st, (layer, head, pos), null = runs[run]
+                groups[st.name, layer].extend([] if null else [(i, st.index(head, pos))])
         hooks = []
         for (name, layer), entries in groups.items():
             st = SITE_TYPES[name]
@@ -143,7 +153,7 @@ def exact_sweep(
     def layer_of(run: int) -> int:  # the first block a run patches (the unpatched run 0 joins run 1)
         return runs[max(run, 1)][1][0] if len(runs) > 1 else 0
 
-    def pos_of(run: int) -> int | None:  # the position it patches (None: every position)
+    def pos_of(run: int) -> int | None:  # the position it patches (None: every position; a null run: its layer's first)
         return runs[max(run, 1)][1][2] if len(runs) > 1 else None
 
     values = run_batched(model, base, len(runs), hooks_for, metric.fn, lead=source, batch_size=batch_size,
@@ -151,11 +161,12 @@ def exact_sweep(
                          desc="patching", layer_of=layer_of if metric.last_position else None, pos_of=pos_of,
                          attention_mask=attention_mask)
     mask = padding_mask(attention_mask, base)  # [B, pos] or None
-    out, start = {}, 1
+    out = {}
     for st in types:
-        cells = st.cells(model, base.shape[1])
-        out[st.name] = (cells, mask_padding(values[start:start + len(cells)], [c[2] for c in cells], mask))
-        start += len(cells)
+        at = [i for i, r in enumerate(runs) if r is not None and r[0] is st and not r[2]]
+        nulls = {r[1][0]: values[i] for i, r in enumerate(runs) if r is not None and r[0] is st and r[2]}
+        cells = [runs[i][1] for i in at]
+        out[st.name] = (cells, mask_padding(values[at], [c[2] for c in cells], mask), nulls)
     return values[0], values[-1], out
 
 
@@ -170,7 +181,9 @@ def _resid_mid_hooks(layer: int, mask: torch.Tensor, n_lead: int):
     def write(act: torch.Tensor, hook) -> torch.Tensor:
         x = pre["x"]
         mid = x[:n_lead] + act[:n_lead]  # [B, pos, d_model]: the source run's resid_mid
-        target = mid.unsqueeze(0) - x[n_lead:].view(mask.shape[0], n_lead, *act.shape[1:])  # [k, B, pos, d_model]
+        mine = x[n_lead:].view(mask.shape[0], n_lead, *act.shape[1:])  # [k, B, pos, d_model]
+        # where this run's resid_pre is the source's, its attn_out itself: x + (mid - x) rounds off mid (review 19c B1)
+        target = torch.where(mine == x[:n_lead], act[:n_lead].unsqueeze(0), mid.unsqueeze(0) - mine)
         body = replace_hook(target, mask)(act[n_lead:], hook)
         return torch.cat([act[:n_lead], body])
 
@@ -220,7 +233,8 @@ def activation_patching(
     baseline = float(pm.finish(float(base_values.double().mean()), clean_value, corrupt_value))
     # answers of several tokens: positions count from each prompt's last token, its answer pieces left out
     pieces = prompt_end.answer_pieces(task)  # [B]
-    sweeps = {name: prompt_end.cell_values(cells, values, pieces) for name, (cells, values) in sweeps.items()}
+    nulls = {name: null for name, (_, _, null) in sweeps.items()}  # {layer: [B]}: each layer's null run
+    sweeps = {name: prompt_end.cell_values(cells, values, pieces) for name, (cells, values, _) in sweeps.items()}
     shown, shown_bad, shown_mask = _at_prompt_end(clean, corrupted, mask, pieces)
     labels = token_labels(model, shown, shown_mask)
     small = chance.gap_within_noise(clean_rows, corrupt_rows, pm.name)  # only such runs carry the flag
@@ -234,10 +248,12 @@ def activation_patching(
     by_order: list[dict] = [{} for _ in nth]
     for st in types:
         cells, values = sweeps[st.name]
-        means = cell_means(pm, values, base_values, clean_rows, corrupt_rows)
-        intervals[st.name] = effect_intervals(pm, values, base_values, clean_rows, corrupt_rows)  # the sweep's rows
+        # review 19c B1: each cell against its layer's null run (same arithmetic path), [cell, B]
+        unpatched = torch.stack([nulls[st.name][c[0]] for c in cells]) if cells else values
+        means = cell_means(pm, values, unpatched, clean_rows, corrupt_rows)
+        intervals[st.name] = effect_intervals(pm, values, unpatched, clean_rows, corrupt_rows)  # the sweep's rows
         if gap and not pm.normalized:  # review 16c B5: the share's own interval (a ratio of means), not ci / gap
-            shares = share_intervals(values, base_values, clean_rows, corrupt_rows, whole_gap=True)
+            shares = share_intervals(values, unpatched, clean_rows, corrupt_rows, whole_gap=True)
             intervals[st.name].update(share_low=shares["low"], share_high=shares["high"])
         frame = cell_frame(st, cells, labels, value=means["value"].numpy(), effect=means["effect"].numpy(),
                            base=means["base"].numpy())
@@ -247,7 +263,7 @@ def activation_patching(
         frames.append(frame.assign(share_of_gap=frame["effect"] / gap if gap else np.nan))
         if st.by_pos and not st.by_head:
             for k, at in enumerate(nth):  # review 12b A2: each differing position aligned over every prompt
-                by_order[k][st.name] = aligned.at_corrupted_token(pm, st.name, cells, values, base_values, clean_rows,
+                by_order[k][st.name] = aligned.at_corrupted_token(pm, st.name, cells, values, nulls[st.name], clean_rows,
                                                                   corrupt_rows, at, frame,
                                                                   share=bool(gap) and not pm.normalized)
             on_token[st.name] = by_order[0][st.name]
@@ -308,16 +324,21 @@ def activation_patching(
     tables = {"exact": df}
     if on_token:
         tables["corrupted_token"] = aligned.table(on_token, gap, summary["at_corrupted_token"].get("orders"))
+    # review 19c B1: the effects' rounding in the model's dtype, on every run (the finding and compare read it); a top
+    # cell within it is marked, its interval no evidence of an effect
+    floor = rounding_floor(df, first.numpy(), model.dtype, max(abs(clean_value), abs(corrupt_value)),
+                           (clean_value - corrupt_value) if pm.normalized else None)
+    summary["rounding_floor"] = floor
+    for records in summary["top_sites"].values():
+        for r in records:
+            r["within_rounding"] = bool(abs(r["effect"]) <= floor["floor"])
     if cfg.attribution:
         scale = (clean_rows - corrupt_rows) if pm.normalized else 1.0
         attr = attribution_table(model, base, source_tokens, types, pm, labels, scale, attention_mask=mask,
                                  pieces=pieces)
         attr = attr.assign(share_of_gap=attr["attribution"] / gap if gap else np.nan)
-        floor = rounding_floor(df, first.numpy(), model.dtype, max(abs(clean_value), abs(corrupt_value)),
-                               (clean_value - corrupt_value) if pm.normalized else None)
         half = np.concatenate([(intervals[st.name]["high"] - intervals[st.name]["low"]) / 2 for st in types])
         df, summary["attribution_correlation"] = correlation_with_exact(df, attr, floor=floor["floor"], ci_half=half)
-        summary["rounding_floor"] = floor
         df = df.assign(attribution_share_of_gap=df["attribution"] / gap if gap else np.nan)
         tables = {**tables, "exact": df, "attribution": attr}
     config = {"sites": [st.name for st in types], "direction": direction, "metric": pm.name}

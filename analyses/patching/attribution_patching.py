@@ -213,9 +213,9 @@ def rounding_floor(exact: pd.DataFrame, first: np.ndarray, dtype: torch.dtype, s
     {"floor", "basis", "n_cells"}. Measured where it can be: a by-position cell before every prompt's
     first corrupted token (`first`: [batch] padded indices, -1 for none) patches an activation with
     itself (causal attention: the clean and corrupted runs agree there), so its exact effect is 0 and
-    what it shows is the patched pass's rounding against the unpatched one (bfloat16: 1-2 steps of a
-    mean, 0.0156 logits on a trained Qwen3; float32: 0 to 5e-7); the floor is IDENTITY_MARGIN x the
-    largest such |effect|. Without such a cell, or where they are all exactly 0: one rounding step of the
+    what it shows is the patched pass's rounding against its null run (exactly 0 since each cell subtracts the
+    null run of its own path, review 19c B1; before, bfloat16 gave 1-2 steps of a mean there); the floor is
+    IDENTITY_MARGIN x the largest such |effect|. Without such a cell, or where they are all exactly 0: one rounding step of the
     metric (metrics.noise_floor: eps(dtype) x max(1, size)), divided by |gap| for a normalised metric (its effects are shares)."""
     starts = np.asarray(first)[np.asarray(first) >= 0]
     pos = exact["pos"].to_numpy(dtype=float, na_value=np.nan)

@@ -3,8 +3,9 @@
 Row passes, for n examples of P positions, L layers, H heads: the clean and corrupted runs (2n);
 per site type a run over the n examples per cell, resumed at the cell's layer (a share s of a
 pass, budget.resumed_share): L P cells for residual, attention and MLP outputs, L H for heads
-(head_out, q, k, v, pattern), L H P for head_out_by_pos; attribution estimates: 3n per direction
-(two); path patching: n (s L H + 1); causal tracing (trace_samples noise draws): samples n
+(head_out, q, k, v, pattern), L H P for head_out_by_pos, each plus one null run per layer (the layer's hook
+patching nothing: what its cells' effects subtract); attribution estimates: 3n per direction
+(two); path patching: n (s L H + 2) (with its null run); causal tracing (trace_samples noise draws): samples n
 (1 + 3 s L P) (every layer, position and kind restored in every draw, resumed at its layer), charged only where
 the task has prompts to trace (analysis.traces), so a budget never records a cut of trace_samples for a task it
 would not trace.
@@ -89,7 +90,8 @@ def estimate(model, task, config) -> Cost:
     for i, site in enumerate(_sites(config)):
         k = H if site == "head_out_by_pos" else 1
         if not (prefix and site in skips):
-            cells = L * share * (k * n_pos if site in PER_POSITION or site == "head_out_by_pos" else H)
+            # and one null run per layer (analysis.exact_sweep: the layer's hook patching nothing, review 19c B1)
+            cells = L * share * ((k * n_pos if site in PER_POSITION or site == "head_out_by_pos" else H) + 1)
         elif site == "head_out":
             cells = L * H * share * (n_pos - first) / n_pos
         else:
@@ -98,7 +100,7 @@ def estimate(model, task, config) -> Cost:
                         for layer, w in enumerate(weights))
         parts[f"exact_{site}"] = n * cells
     if config.path_patching:
-        parts["path_patching"] = n * (L * H * share + 1)
+        parts["path_patching"] = n * (L * H * share + 2)  # + its null run (review 19c B1)
     samples = _samples(config)
     if samples and _traces(model, task):  # a task with nothing to trace costs nothing there (review 17a A2)
         parts["causal_tracing"] = samples * n * (1 + 3 * L * n_pos * share)

@@ -163,7 +163,8 @@ def cell_means(pm: PatchMetric, values: torch.Tensor, base: torch.Tensor, clean:
     """Per cell (values [cell, batch], NaN where the cell is padding in a row), each mean over the
     rows where the cell is real (every row without padding): {"value": pm.finish(mean values, mean
     clean, mean corrupt), "base": pm.finish(mean base, ...), the unpatched run over those same rows,
-    "effect": value - base, "n_rows": how many rows}. base, clean, corrupt: per-row metrics [batch].
+    "effect": value - base, "n_rows": how many rows}. base: per-row [batch] or per cell [cell, batch]; clean,
+    corrupt: per-row [batch].
     Values [cell] in float64 (n_rows int64). Where a position is padding in some rows, `base` is not
     the summary's baseline (a mean over every row), so value - baseline is not the effect there."""
     real = ~torch.isnan(values)  # [cell, batch]
@@ -223,9 +224,16 @@ EFFECT_CI_METHOD = ("95% Student-t interval of the mean per-example effect (patc
                     "that restores the same share of every prompt's gap has a zero-width one")
 
 
+def _rows(base: torch.Tensor) -> np.ndarray:
+    """The unpatched metric as float64 [1 or cell, batch]: one run for every cell [batch], or each cell's own
+    [cell, batch] (exact patching's null run of the cell's layer, review 19c B1)."""
+    b = base.double().cpu().numpy()
+    return b if b.ndim == 2 else b[None]
+
+
 def effect_intervals(pm: PatchMetric, values: torch.Tensor, base: torch.Tensor, clean: torch.Tensor,
                      corrupt: torch.Tensor, level: float = 0.95) -> dict[str, np.ndarray]:
-    """Per cell (values [cell, batch], NaN where padding; base, clean, corrupt [batch]) the Student-t
+    """Per cell (values [cell, batch], NaN where padding; base [batch] or [cell, batch]; clean, corrupt [batch]) the Student-t
     interval of the mean per-example effect values - base over the rows where the cell is real: its
     mean equals cell_means' effect. A normalised metric's effect is a ratio of means, (mean v - mean
     base) / (mean clean - mean corrupt) over those rows: its interval is share_intervals' (review 16c B5:
@@ -236,7 +244,7 @@ def effect_intervals(pm: PatchMetric, values: torch.Tensor, base: torch.Tensor, 
     if pm.normalized:
         out = share_intervals(values, base, clean, corrupt, whole_gap=False, level=level)
         return {"low": out["low"], "high": out["high"], "n": real.sum(1).astype(np.int64)}
-    out = mean_intervals(v - base.double().cpu().numpy()[None], where=real, alpha=1 - level)
+    out = mean_intervals(v - _rows(base), where=real, alpha=1 - level)
     return {"low": out["low"], "high": out["high"], "n": out["n"]}
 
 
@@ -251,7 +259,7 @@ def share_intervals(values: torch.Tensor, base: torch.Tensor, clean: torch.Tenso
     R +- t(n_S - 1) * sqrt(Var R). Returns {"share", "low", "high"} float64 [cell] (low, high NaN under two rows)."""
     v = values.double().cpu().numpy()  # [cell, batch]
     real = ~np.isnan(v)
-    e = np.where(real, v - base.double().cpu().numpy()[None], 0.0)  # [cell, batch]
+    e = np.where(real, v - _rows(base), 0.0)  # [cell, batch]
     g_all = clean.double().cpu().numpy() - corrupt.double().cpu().numpy()  # [batch]
     g = np.where(real, g_all[None], 0.0)  # [cell, batch]
     n = real.sum(1)  # [cell]

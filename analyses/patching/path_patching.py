@@ -143,9 +143,10 @@ def path_patching(
     path_patching(model, task, receivers) still works. task: a Task, zoo task name, task file or
     None (the patching default task); corrupted_tokens (data): corrupted prompts when the Task has none.
     Result df: sender_layer, sender_head, receiver ("logits", "L1H0" or "all"), value, effect (value
-    minus the unpatched base run), ci_low / ci_high (the 95% t interval of the mean per-prompt effect) and
-    n_rows (the prompts); summary top_paths carry "ci" and "n", n_examples the prompts, clean_metric /
-    corrupted_metric (with their CIs and metric_n), and gap_within_noise where the gap is (chance.gap_within_noise).
+    minus the null run: the same hooks adding nothing, so the patched runs' own arithmetic; summary baseline),
+    ci_low / ci_high (the 95% t interval of the mean per-prompt effect) and n_rows (the prompts); summary top_paths
+    carry "ci" and "n", n_examples the prompts, clean_metric / corrupted_metric (with their CIs and metric_n), and
+    gap_within_noise where the gap is (chance.gap_within_noise).
     """
     cfg = configure(PathPatchingConfig, config, config_overrides, name="path_patching", positional="receivers")
     refuse_post_ln(model, PATHS, PATHS_WHY)  # review 16d A2: a delta added after the blocks' own norms names the wrong head
@@ -160,19 +161,21 @@ def path_patching(
     pm = resolve_metric(task, cfg.metric)
     recv, runs = _runs(model, cfg)
     base, source_tokens = (clean, corrupted) if cfg.direction == "noise" else (corrupted, clean)
-    hooks_for = _path_hooks(model, runs, recv, cfg.component, _sender_deltas(model, runs, base, source_tokens, mask))
-    values = run_batched(model, base, len(runs), hooks_for, pm.fn, batch_size=cfg.batch_size,
+    # run 0: the null run, every run's hooks adding nothing, so each path's effect is against a pass of its own
+    # arithmetic (review 19c B1: the hook-free unpatched pass rounded 0.005 logits away in bfloat16)
+    hooks_for = _path_hooks(model, [None, *runs], recv, cfg.component,
+                            _sender_deltas(model, runs, base, source_tokens, mask))
+    values = run_batched(model, base, len(runs) + 1, hooks_for, pm.fn, batch_size=cfg.batch_size,
                          memory_budget=cfg.memory_budget, progress=cfg.progress, stacked_metric=pm.stacked,
                          desc="path patching", attention_mask=mask)
+    null, values = values[0], values[1:]  # [B], [run, B]
     with torch.no_grad():
         clean_rows = pm.fn(model(clean, attention_mask=mask)).detach().float().cpu()  # [B]
         corrupt_rows = pm.fn(model(corrupted, attention_mask=mask)).detach().float().cpu()  # [B]
     clean_value, corrupt_value = float(clean_rows.double().mean()), float(corrupt_rows.double().mean())
     # review 12c B3: each path's effect with its 95% t interval over the prompts' own effects
-    ci = effect_intervals(pm, values.cpu(), corrupt_rows if cfg.direction == "denoise" else clean_rows, clean_rows,
-                          corrupt_rows)
-    base_value = clean_value if cfg.direction == "noise" else corrupt_value
-    baseline = float(pm.finish(base_value, clean_value, corrupt_value))
+    ci = effect_intervals(pm, values.cpu(), null.cpu(), clean_rows, corrupt_rows)
+    baseline = float(pm.finish(float(null.double().mean()), clean_value, corrupt_value))  # the null run
     value = pm.finish(values.mean(1).double(), clean_value, corrupt_value).numpy()
     to_logits = recv is None
     df = pd.DataFrame({
@@ -273,9 +276,20 @@ def _path_hooks(model, runs: list[Run], recv: list[Head] | None, component: str,
     recv_layers = sorted({r[0] for r in recv or ()})
     weights = {layer: _weights(model.bridge.blocks[layer].attn, component) for layer in recv_layers}
 
+    zero = None
+
+    def moved(r: int) -> torch.Tensor:  # [B, pos, d_model]: run r's delta; the null run (None) adds zeros
+        nonlocal zero
+        if runs[r] is not None:
+            return delta(*runs[r][0])
+        if zero is None:
+            first = next(run for run in runs if run is not None)
+            zero = torch.zeros_like(delta(*first[0]))
+        return zero
+
     def hooks_for(chunk: range):
         k = len(chunk)
-        deltas = torch.stack([delta(*runs[r][0]) for r in chunk])  # [k, B, pos, d_model]
+        deltas = torch.stack([moved(r) for r in chunk])  # [k, B, pos, d_model]
         if recv is None:
             def add(act: torch.Tensor, hook: Any) -> torch.Tensor:
                 return (act.view(k, -1, *act.shape[1:]) + deltas.to(act.dtype)).reshape(act.shape)
@@ -284,12 +298,12 @@ def _path_hooks(model, runs: list[Run], recv: list[Head] | None, component: str,
         for layer in recv_layers:
             gate = torch.zeros(k, weights[layer][0].shape[0], device=deltas.device)  # [k, head]: 1 where run k patches it
             for i, r in enumerate(chunk):
+                if runs[r] is None:  # the null run patches no receiver
+                    continue
                 sender, group = runs[r]
                 for rl, rh in group:
                     if rl == layer and sender[0] < layer:
                         gate[i, rh] = 1.0
-            if not gate.any():
-                continue
 
             def keep(act: torch.Tensor, hook: Any, layer: int = layer) -> None:
                 resid[layer] = act

@@ -505,6 +505,8 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         "sink_baseline": "alibi" if slopes is not None and not encoder else "uniform",  # what that baseline is
         "sinks": per_layer,
         "n_sink": n_sink,
+        # review 19c B2: the layers without rotary (NoPE), which the sink and retrieval-head sentences name
+        **({"nope_layers": list(model.facts.nope_layers)} if getattr(model.facts, "nope_layers", ()) else {}),
         # {layer: window} of the sliding-window layers, whose sink mass averages the queries that see the first token
         **({} if encoder else {"sliding_windows": {str(k): w for k, w in enumerate(windows) if w is not None}}),
         "prompt_tokens": max(sw.prompt_len for sw in sweeps),  # the longest prompt: a window binds only below it

@@ -259,9 +259,9 @@ def _cmd_sites(args: argparse.Namespace) -> int:
     norms, cap = post_norms(model), attn_softcap(model)  # review 18d A2: what this model's hooks hold
     print(f"{len(names)} sites:")
     for name in names:
-        kind, _ = parse_site(name)
+        kind, layer = parse_site(name)
         shape, doc = describe_site(kind, model.facts.mla, scores_hold_weights=weights, facts=model.facts,
-                                   post_norms=norms, score_softcap=cap)
+                                   post_norms=norms, score_softcap=cap, layer=layer)  # layer: NoPE rot_q (19c A2)
         print(f"  {name:<40} {shape:<36} {doc}")
     return 0
 

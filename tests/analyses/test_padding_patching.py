@@ -74,8 +74,8 @@ def test_exact_sweep_rows_equal_each_example_alone(arch, resumed, arch_models, m
         ex_base, ex_source, ex_sweeps = exact_sweep(model, ex.corrupted_tokens, ex.tokens, types, ex_pm)
         worst = max(worst, _max_diff(base[i], ex_base[0]), _max_diff(source[i], ex_source[0]))
         for st in types:
-            cells, values = sweeps[st.name]
-            ex_cells, ex_values = ex_sweeps[st.name]
+            cells, values, _ = sweeps[st.name]  # (the layers' null runs: test_patching_null_runs.py)
+            ex_cells, ex_values, _ = ex_sweeps[st.name]
             ex_at = {(layer, head, None if pos is None else pos + offset): v
                      for (layer, head, pos), v in zip(ex_cells, ex_values[:, 0].tolist())}
             got = values[:, i].tolist()

@@ -512,3 +512,15 @@ def test_an_answer_glued_to_its_prompts_last_word_warns_once(arch_models, tiny_m
         with warnings.catch_warnings():
             warnings.simplefilter("error", hs.HeadscopeWarning)
             hs.load_task(m, fine)
+
+
+def test_one_task_file_one_name_in_every_result(tmp_path, tiny_models):
+    """Review 19c C1: head_importance named a task file 'tools' (its Task's name, the file's stem, as load_task gives
+    it) and activation_patching named the same hs.TaskFile 'tools.json': the stem in both."""
+    model = tiny_models["llama"]
+    own = _write_jsonl(tmp_path / "tools.json", ROWS)
+    assert hs.load_task(model, own, FIELDS).name == "tools"
+    heads = hs.head_importance(model, hs.TaskFile(own, FIELDS), methods=("zero",))
+    patching = hs.activation_patching(model, hs.TaskFile(own, FIELDS), sites=["mlp_out"])
+    assert heads.source("task") == patching.source("task") == "tools", (heads, patching)
+    assert "task='tools'," in repr(patching)
