@@ -27,6 +27,7 @@ The data dict (format 1):
                decoder's first query, which can only attend to itself, left out); plus the caller's
     labels:    {name: [layer][head] -> str} (e.g. each head's role), shown in the grid
     default_score: the score the grid starts coloured by
+    learned_sinks: (only where the model has them: GPT-OSS) true: each row's weights over the keys sum to less than 1
     windows:   (only when a layer slides) [layer] -> its sliding window or null (global): a query q sees keys
                k > q - window; the view hatches the keys outside it (masked, not zero attention), says the
                window of the layer shown, and averages the sink over the queries that see the first token
@@ -163,6 +164,8 @@ def explorer_data(f: Any, captured: Captured, *, head_scores: Any = None, defaul
         **({"kv_note": note} if (note := kv_note(f.n_heads, f.n_kv_heads)) else {}),
         "scale": SCALE, "examples": examples, "scores": scores, "labels": labels, "default_score": default_score,
         **({"windows": [int(w) if w else None for w in windows]} if windows and any(windows) else {}),
+        # review 19b A2: a learned sink logit per head takes part of each row (rows over the keys sum to < 1)
+        **({"learned_sinks": True} if getattr(f, "learned_sinks", False) else {}),
     }
 
 

@@ -1,0 +1,147 @@
+"""Review 19b (GPT-OSS): learned attention sinks (a per-head sink logit in each row's softmax: rows over the keys sum to
+less than 1), its mixture of experts (router `router`, transposed interleaved experts with biases and a clamped SwiGLU),
+attention biases and YaRN rope scaling, on a random tiny GPT-OSS (2 layers, hidden 32, sinks set non-zero), checked
+against Hugging Face's eager module by hand."""
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+
+import headscope as hs
+from headscope.analyses.core import contract
+from headscope.analyses.kv.analysis import _sink_records, sink_stats
+from headscope.analyses.mlp.analysis import NEEDS as MLP_NEEDS
+from headscope.errors import UnsupportedModelError
+from headscope.hooks.memories import moe_routing
+from headscope.models import particulars
+from headscope.reports.findings import sink_sentence
+from tests_support import SPECIALS, N_WORDS, save_random_checkpoint, word_tokenizer
+
+SINKS = [-1.0, 0.0, 0.5, 1.5]  # per head, both layers
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt_oss(tmp_path_factory):
+    from transformers import GptOssConfig
+
+    config = GptOssConfig(vocab_size=len(SPECIALS) + N_WORDS, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                          num_experts_per_tok=2, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                          max_position_embeddings=64, bos_token_id=2, eos_token_id=3, pad_token_id=1)
+
+    def init(model):  # weights away from their init; the sinks non-zero (HF draws them N(0, 0.02^2))
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.copy_(torch.tensor(SINKS))
+            elif p.ndim >= 2:
+                p.normal_(0, 0.2)
+            elif "bias" in name:
+                p.normal_(0, 0.1)
+
+    folder = tmp_path_factory.mktemp("gpt_oss")
+    hf = save_random_checkpoint(config, folder, word_tokenizer(), init=init)
+    hf.config._attn_implementation = "eager"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' YaRN factor note on a tiny max_position_embeddings
+        return hf.eval(), hs.load_model(folder, device="cpu", dtype="float32")
+
+
+TOKENS = torch.tensor([[2, 10, 11, 12, 13, 14, 15, 16], [2, 20, 21, 22, 23, 24, 25, 26]])
+
+
+def test_gpt_oss_particulars_named(tiny_gpt_oss):
+    """A2, A3, C3: print(model) and the header name the learned sinks, the 4-expert top-2 MoE with its clamped SwiGLU
+    (not "silu, gated"), the attention biases and YaRN rope scaling."""
+    _, model = tiny_gpt_oss
+    text = repr(model)
+    assert "mlp=(4 experts x 16, top-2, clamped SwiGLU (limit 7, alpha 1.702, up + 1))" in text
+    assert "silu" not in text
+    assert "learned_sinks=True (each row's weights over the keys sum to less than 1)" in text
+    assert "attention_bias=True" in text and "rope_scaling=YaRN rope scaling (factor 32)" in text
+    record = {**vars(model.facts), "learned_sink_share": 0.1234}
+    assert particulars.header_words(record) == [
+        "learned attention sinks: each row's weights over the keys sum to less than 1 (mean 0.123 of a row on this "
+        "data)", "attention biases on q, k, v and the output", "YaRN rope scaling (factor 32)"]
+
+
+def test_gpt_oss_patterns_rows_sum_below_one(tiny_gpt_oss):
+    """headscope's patterns are HF eager's (sink column dropped), so a row sums to 1 minus the learned sink's share:
+    by hand, softmax over [scores, sink] of HF's own q, k."""
+    hf, model = tiny_gpt_oss
+    with torch.no_grad():
+        want = hf(TOKENS, output_attentions=True).attentions
+        _, cache = hs.run_with_cache(model, TOKENS)
+    for layer in range(2):
+        torch.testing.assert_close(cache["pattern", layer], want[layer], atol=1e-5, rtol=1e-5)
+    assert bool((torch.cat(want).sum(-1) < 1 - 1e-6).all())  # every row gives the learned sink a share
+
+
+def test_gpt_oss_kv_sink_baseline_over_the_keys(tiny_gpt_oss):
+    """B1: the first token's baseline is the uniform share of the mass that reaches the keys (each row's sum x its
+    uniform share, mean over heads and queries), the learned sink's share recorded; by hand from HF eager's
+    attentions; and the words name the learned sink apart from the first token."""
+    hf, model = tiny_gpt_oss
+    norms = pd.DataFrame({"kind": ["key"] * 4, "layer": [0, 0, 1, 1], "position": [0, 1, 0, 1], "norm": [1.0] * 4})
+    table = sink_stats(model, TOKENS, norms, n_sink=1)
+    with torch.no_grad():
+        att = hf(TOKENS, output_attentions=True).attentions
+    for layer, window in enumerate([4, None]):
+        qs = [q for q in range(1, 8) if window is None or q < window]  # queries that see token 0
+        p = att[layer]  # [batch, head, q, k]
+        mass = torch.stack([p[:, :, q, 0] for q in qs], -1).mean((1, 2))  # [batch]
+        reach = torch.stack([p[:, :, q].sum(-1) for q in qs], -1)  # [batch, head, q]
+        share = torch.tensor([1 / min(q + 1, window or 99) for q in qs], dtype=torch.float64)
+        base = (reach.double() * share).mean((1, 2))  # [batch]
+        row = table.iloc[layer]
+        assert row.sink_mass == pytest.approx(float(mass.mean()), abs=1e-5)
+        assert row.baseline_mass == pytest.approx(float(base.mean()), abs=1e-5)
+        assert row.keys_mass == pytest.approx(float(reach.mean()), abs=1e-5)
+        assert row.uniform_share == pytest.approx(float(share.mean()), abs=1e-9)
+        assert row.baseline == "keys"
+    text = sink_sentence(_sink_records(table), n_sink=1, baseline="keys", windowed=[0])
+    k = table.keys_mass.to_numpy()
+    assert text.startswith("The model has learned attention sinks (a sink logit per head, not a token), which take "
+                           f"part of every row (mean share per layer over the same queries, 95% CI): layer 0 "
+                           f"{1 - k[0]:.2f} [")
+    assert "its multiple of the uniform share of the mass that reaches the keys" in text
+
+
+def test_gpt_oss_moe_recognised_and_memories_refused_in_one_line(tiny_gpt_oss):
+    """A1: every layer is a mixture of experts (heads' mixture_of_experts reads moe_layers); its router's choice is
+    HF's (top-2 of router logits, softmax over the two: by hand); the memories refuse its layout in one line before
+    any work (the mlp analysis skipped with that reason, no late ConfigError)."""
+    hf, model = tiny_gpt_oss
+    assert hs.hooks.moe_layers(model) == [0, 1]
+    layout = hs.hooks.expert_layout(model, 0)
+    assert (layout.n_experts, layout.expert_width, layout.top_k, layout.renormalised) == (4, 16, 2, True)
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(0))
+    router = hf.model.layers[0].mlp.router
+    with torch.no_grad():
+        logits = x @ router.weight.T + router.bias  # [5, 4]
+        top, idx = logits.topk(2, dim=-1)
+        weights = torch.zeros(5, 4).scatter_(1, idx, torch.softmax(top, -1))
+        got = moe_routing(model, 0, x)
+    assert torch.equal(got["expert_indices"].sort(-1).values, idx.sort(-1).values)
+    torch.testing.assert_close(got["expert_weights"], weights)
+    gap = hs.hooks.memories_gap(model)
+    assert gap is not None and "\n" not in gap and gap.startswith("layer 0: GptOssMLP: MLP memories read")
+    assert "gate and up interleaved, per-expert biases and a clamped SwiGLU (limit 7, alpha 1.702, up + 1)" in gap
+    assert contract.model_reasons(MLP_NEEDS, model) == [gap]
+    with pytest.raises(UnsupportedModelError, match="GptOssMLP"):
+        hs.mlp_memories_analysis(model, layers=(0,))
+
+
+def test_gpt_oss_resumed_passes_check_quietly(tiny_gpt_oss):
+    """C1: the z shortcut (GPT-OSS's MLP returns (hidden, router_scores)) and the hook-free blocks (eager attention
+    with the sink logit) reproduce the full pass, with no warning; patterns on demand come from the bridge (no q/k
+    path that would drop the sink)."""
+    from headscope.execution import resume
+    from headscope.execution.resume_check import _check
+
+    _, model = tiny_gpt_oss
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        support = _check(model)
+    assert support.shortcut and support.fast and support.fast_capture
+    assert all(block.qk is None for block in resume._fast_plan(model))
