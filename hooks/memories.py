@@ -116,9 +116,9 @@ def memories_gap(model) -> str | None:
     refuses (GPT-OSS's), in one line; None where every layer's can (review 19b A1: the mlp analysis failed late)."""
     from headscope.errors import UnsupportedModelError
 
-    for layer in range(model.facts.n_layers):
+    for layer, block in enumerate(getattr(getattr(model, "bridge", None), "blocks", None) or []):
         try:
-            moe_modules(getattr(model.bridge.blocks[layer], "mlp", None))
+            moe_modules(getattr(block, "mlp", None))
         except UnsupportedModelError as err:
             return f"layer {layer}: {err}"
     return None

@@ -58,7 +58,8 @@ def facts(bridge: Any, config: Any) -> dict[str, Any]:
 
 def header_words(model: Mapping[str, Any]) -> list[str]:
     """The header's phrases for these facts (a manifest's "model"): the learned sinks (with their mean share of a row
-    on this data where the kv or position analysis measured it: `sink_share`), attention biases, rope scaling."""
+    on this data where the kv or position analysis measured it: `learned_sink_share`), attention biases, rope scaling,
+    the experts' own activation."""
     words = []
     if model.get("learned_sinks"):
         share = model.get("learned_sink_share")
@@ -67,6 +68,8 @@ def header_words(model: Mapping[str, Any]) -> list[str]:
         words.append("attention biases on q, k, v and the output")
     if isinstance(model.get("rope_scaling"), str):
         words.append(model["rope_scaling"])
+    if isinstance(model.get("expert_act"), str):  # review 19b A3: not the config's hidden_act
+        words.append(f"experts' activation {model['expert_act']}")
     return words
 
 

@@ -16,7 +16,7 @@ from headscope.errors import UnsupportedModelError
 from headscope.hooks.memories import moe_routing
 from headscope.models import particulars
 from headscope.reports.findings import sink_sentence
-from tests_support import SPECIALS, N_WORDS, save_random_checkpoint, word_tokenizer
+from tests_support import N_WORDS, SPECIALS, save_random_checkpoint, word_tokenizer
 
 SINKS = [-1.0, 0.0, 0.5, 1.5]  # per head, both layers
 
@@ -62,7 +62,8 @@ def test_gpt_oss_particulars_named(tiny_gpt_oss):
     record = {**vars(model.facts), "learned_sink_share": 0.1234}
     assert particulars.header_words(record) == [
         "learned attention sinks: each row's weights over the keys sum to less than 1 (mean 0.123 of a row on this "
-        "data)", "attention biases on q, k, v and the output", "YaRN rope scaling (factor 32)"]
+        "data)", "attention biases on q, k, v and the output", "YaRN rope scaling (factor 32)",
+        "experts' activation clamped SwiGLU (limit 7, alpha 1.702, up + 1)"]
 
 
 def test_gpt_oss_patterns_rows_sum_below_one(tiny_gpt_oss):
@@ -145,3 +146,50 @@ def test_gpt_oss_resumed_passes_check_quietly(tiny_gpt_oss):
         support = _check(model)
     assert support.shortcut and support.fast and support.fast_capture
     assert all(block.qk is None for block in resume._fast_plan(model))
+
+
+def test_scale_note_says_rows_sum_below_one_only_with_learned_sinks():
+    """A2: the explorer's and the pattern view's sentence is true per model: "sum to 1" only where rows do."""
+    from headscope.reports.explorer_view import SCALE_NOTE, SINKS_SCALE_NOTE, explorer_html, json_for_script
+    from headscope.reports.tokens_view import pattern_view
+
+    base = {"format": 1, "n_layers": 1, "n_heads": 1, "examples": [], "scores": {}, "labels": {}}
+    assert json_for_script(SINKS_SCALE_NOTE) in explorer_html({**base, "learned_sinks": True}, uid="a")
+    assert json_for_script(SCALE_NOTE) in explorer_html(base, uid="b")
+    assert json_for_script(SINKS_SCALE_NOTE) not in explorer_html(base, uid="c")
+    full = torch.tensor([[1.0, 0.0], [0.25, 0.75]])  # [query, key]: rows sum to 1
+    assert "sum to 1)" in pattern_view(full, ["a", "b"]).html and "less than 1" not in pattern_view(full, ["a", "b"]).html
+    assert "sum to less than 1" in pattern_view(full * 0.7, ["a", "b"]).html
+
+
+def test_position_stats_learned_sinks_by_hand():
+    """B1 (position): AttentionStats' mass over the keys and its uniform share, on a hand pattern whose rows sum to
+    0.8 and 0.5: queries 1, 2 of 3 (n_sink 1): keys (0.8 + 0.5) / 2, baseline (0.8 / 2 + 0.5 / 3) / 2."""
+    from headscope.analyses.position.runs import AttentionStats
+
+    pattern = torch.tensor([[0.6, 0.0, 0.0], [0.3, 0.5, 0.0], [0.1, 0.2, 0.2]])[None, None]  # [1, 1, q, k]
+    stats = AttentionStats(torch.tensor([[1, 2]]), 3, 1, causal=True, windows=[None], learned_sinks=True)
+    stats(0, torch.arange(3), pattern)
+    got = stats.tables(1)
+    assert float(got["keys"][0, 0, 0]) == pytest.approx((0.8 + 0.5) / 2)
+    assert float(got["weighted"][0, 0, 0]) == pytest.approx((0.8 / 2 + 0.5 / 3) / 2)
+    assert float(got["sink"][0, 0, 0]) == pytest.approx((0.3 + 0.1) / 2)
+    plain = AttentionStats(torch.tensor([[1, 2]]), 3, 1, causal=True, windows=[None])
+    plain(0, torch.arange(3), pattern)
+    assert "keys" not in plain.tables(1)
+
+
+def test_budget_dropped_streaming_sweep_said():
+    """C2: "window None -> 0" in the provenance, compare and position finding says the streaming sweep did not run."""
+    from headscope.reports.compare import _budget_text
+    from headscope.reports.plots_position import finding
+    from headscope.reports.provenance import STREAMING_DROPPED, _changed_text
+
+    assert _changed_text({"window": [None, 0]}).startswith(
+        f"the budget (fitted to this machine's speed measured at the start of the run) changed window default -> 0 "
+        f"({STREAMING_DROPPED}); ")
+    assert _budget_text({"budget_changed": {"window": [None, 0]}}) == f"window default -> 0 ({STREAMING_DROPPED})"
+    assert _budget_text({"budget_changed": {"n_examples": [16, 8]}}) == "n_examples 16 -> 8"
+    said = "The streaming sweep (sinks + window against the window alone and the full context) was not run"
+    assert said in finding({"budget": {"changed": {"window": [None, 0]}}})
+    assert said not in finding({"budget": {"changed": {}}})
