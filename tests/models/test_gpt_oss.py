@@ -193,3 +193,21 @@ def test_budget_dropped_streaming_sweep_said():
     said = "The streaming sweep (sinks + window against the window alone and the full context) was not run"
     assert said in finding({"budget": {"changed": {"window": [None, 0]}}})
     assert said not in finding({"budget": {"changed": {}}})
+
+
+def test_kv_sinks_figure_marks_the_learned_sink():
+    """B1: kv's sink figure on a learned-sink model: the baseline bar named as over the keys' mass, the learned sink's
+    share (1 - keys_mass) marked per layer and inside the y range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from headscope.reports.plots_kv import plot_sinks
+
+    table = pd.DataFrame({"layer": [0, 1], "sink_mass": [0.19, 0.11], "baseline_mass": [0.2, 0.1],
+                          "baseline": ["keys", "keys"], "keys_mass": [0.8, 0.6]})
+    ax = plot_sinks(table)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "if uniform over the\nmass reaching the keys" in labels and "learned sink\n(share of a row)" in labels
+    line = next(l for l in ax.get_lines() if l.get_label().startswith("learned sink"))
+    assert list(line.get_ydata()) == pytest.approx([0.2, 0.4])
+    assert ax.get_ylim()[1] >= 0.4
