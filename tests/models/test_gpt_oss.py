@@ -211,3 +211,29 @@ def test_kv_sinks_figure_marks_the_learned_sink():
     line = next(l for l in ax.get_lines() if l.get_label().startswith("learned sink"))
     assert list(line.get_ydata()) == pytest.approx([0.2, 0.4])
     assert ax.get_ylim()[1] >= 0.4
+
+
+def test_heads_finding_keeps_the_sink_role_apart_from_learned_sinks():
+    """A2: on a learned-sink model the heads finding says its sink role is first-token attention, not the learned
+    sink; on other models nothing is added."""
+    from headscope.reports.heads_words import finding
+
+    said = ("The sink role scores attention on the first token; the model's learned attention sinks (a sink logit per "
+            "head, not a token) are apart from it and take part of every row.")
+    assert said in finding({"roles": {"sink": []}, "learned_sinks": True, "n_layers": 2})
+    assert "learned" not in finding({"roles": {"sink": []}, "n_layers": 2})
+
+
+def test_explorer_data_names_first_token_and_learned_sink_apart(tiny_gpt_oss):
+    """A2: the explorer's grid on a learned-sink model: "first token" (not "sink") and the learned sink's share of a
+    row per head, by hand 1 - HF eager's row sums, mean over the queries (to the stored 4 decimals)."""
+    from headscope.reports.explorer import FIRST, LEARNED, SINK, attention_explorer_data
+
+    hf, model = tiny_gpt_oss
+    data = attention_explorer_data(model, TOKENS[:1])
+    assert data["learned_sinks"] is True and SINK not in data["scores"] and FIRST in data["scores"]
+    with torch.no_grad():
+        att = hf(TOKENS[:1], output_attentions=True).attentions
+    for layer in range(2):
+        want = (1 - att[layer][0].sum(-1)).mean(-1)  # [head]
+        assert data["scores"][LEARNED][layer] == pytest.approx(want.tolist(), abs=1e-3)
