@@ -123,6 +123,11 @@ def last_of(out):
     return out[:, -1:]
 
 
+def _hidden(out):
+    """An MLP's output [n, q, d_model]: a tuple's first entry (GPT-OSS's MLP returns (hidden, router_scores))."""
+    return out[0] if isinstance(out, tuple) else out
+
+
 def residual(a: torch.Tensor, x: torch.Tensor, p: Parts, *, in_place: bool) -> torch.Tensor:
     """The block's output [n, q, d_model] from its attention output a and its input x [n, q,
     d_model], in Hugging Face's order of sums (half precision rounds each one; x + a and a + x
@@ -130,14 +135,14 @@ def residual(a: torch.Tensor, x: torch.Tensor, p: Parts, *, in_place: bool) -> t
     (hook-free blocks), so the sums reuse them; through the bridge a hook may keep a tensor, so
     nothing is added in place."""
     if p.parallel:
-        m = p.mlp(x if p.ln2 is None else p.ln2(x))
+        m = _hidden(p.mlp(x if p.ln2 is None else p.ln2(x)))
         return m.add_(a).add_(x) if in_place else m + a + x
     if p.ln1_post is not None:
         a = p.ln1_post(a)
     h = a.add_(x) if in_place else x + a  # resid_mid
     if p.mlp_adds_residual and p.ln2_post is None:  # BLOOM: the MLP returns h + its write (review 16c C2)
         return p.mlp(h if p.ln2 is None else p.ln2(h), h)
-    m = p.mlp(h if p.ln2 is None else p.ln2(h))
+    m = _hidden(p.mlp(h if p.ln2 is None else p.ln2(h)))
     if p.ln2_post is not None:
         m = p.ln2_post(m)
     return m.add_(h) if in_place else h + m

@@ -6,7 +6,7 @@ per-block cost: `plan` gives each block a copy of its Hugging Face layer whose s
 raw Hugging Face modules under the bridge's components (parameters and buffers shared, so
 in-place weight edits are seen; no hook point fires), called with the arguments the bridge
 passed the layer (mask, position ids, rotary tables). The copy's attention runs PyTorch's fused
-kernel (SDPA) unless the architecture needs eager attention (soft-capped scores, as Gemma 2),
+kernel (SDPA) unless the architecture needs eager attention (soft-capped scores, as Gemma 2; GPT-OSS's sinks),
 whatever implementation the bridge forced on the model, so memory follows Hugging Face's SDPA
 pass rather than the bridge's materialised patterns.
 
@@ -114,7 +114,9 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
         return None
     d_head = int(getattr(attn, "head_dim", None) or attn.head_size)  # GPT-NeoX: head_size
     config = copy.copy(attn.config)  # the copy's own attention implementation
-    eager = getattr(config, "attn_logit_softcapping", None) is not None  # SDPA cannot soft-cap scores
+    # SDPA cannot soft-cap scores, nor add GPT-OSS's learned sink logit (its `sinks`: review 19b C1)
+    eager = getattr(config, "attn_logit_softcapping", None) is not None or isinstance(getattr(attn, "sinks", None),
+                                                                                    torch.Tensor)
     config._attn_implementation = "eager" if eager else "sdpa"
     attn.config = config
     qk_config = copy.copy(config)
@@ -221,4 +223,6 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
             return None
         return q, k, mask, float(scale if scale is not None else d_head ** -0.5), softcap
 
-    return Block(full, after, record, qk)
+    # a learned sink logit (GPT-OSS's `sinks`) takes part of each row's softmax: patterns from q and k alone would
+    # sum to 1, so they come from the bridge's pass there (review 19b C1)
+    return Block(full, after, record, None if isinstance(getattr(attn, "sinks", None), torch.Tensor) else qk)

@@ -7,6 +7,7 @@ from headscope.hooks.kv_states import GenerationTrace, KVStates, generate_with_k
 from headscope.hooks.memories import (
     MLPMemories,
     is_moe,
+    memories_gap,
     mlp_memories,
     moe_coefficients,
     moe_layers,
@@ -35,6 +36,7 @@ __all__ = [
     "head_gates",
     "head_result",
     "is_moe",
+    "memories_gap",
     "moe_layers",
     "kv_states",
     "mlp_memories",

@@ -157,7 +157,7 @@ def _run(model, tokens, names, positions, to_cpu, attention_mask, grad, site_pos
             return store
     store = Activations(model=model)
     moe = {name for name in names if not _NORM_SCALE.match(name) and parse_site(name)[0] == "mlp_post"
-           and memories.is_moe(model, parse_site(name)[1])}  # coefficients computed from the MLP's input
+           and memories.expert_memories(model, parse_site(name)[1])}  # coefficients computed from the MLP's input
     routed = {name: src for name in names if not _NORM_SCALE.match(name) and hook_point(model, name) is None
               and (src := routed_source(name, ())) is not None}  # router sites computed from the MLP's input
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from headscope.models.hooked_model import raw_module
-from headscope.models.moe_layout import expert_layout, moe_modules
+from headscope.models.moe_layout import expert_layout, moe_modules, moe_parts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,8 +94,34 @@ def _moe_memories(layer: int, router, experts, shared, shared_gate) -> MLPMemori
 
 
 def is_moe(model, layer: int) -> bool:
-    """Whether block `layer`'s MLP is a mixture of experts (memories per expert)."""
-    return moe_modules(getattr(model.bridge.blocks[layer], "mlp", None)) is not None
+    """Whether block `layer`'s MLP is a mixture of experts (memories per expert where moe_modules reads its layout;
+    GPT-OSS's is one, whose memories are refused: review 19b A1)."""
+    return moe_parts(getattr(model.bridge.blocks[layer], "mlp", None)) is not None
+
+
+def expert_memories(model, layer: int) -> bool:
+    """Whether block `layer` is a mixture of experts whose memories moe_modules reads (site mlp_post then holds
+    every expert's coefficients); False on a dense MLP and on a layout it refuses (GPT-OSS's: mlp_post stays the
+    hook's own value there, as before review 19b)."""
+    from headscope.errors import UnsupportedModelError
+
+    try:
+        return moe_modules(getattr(model.bridge.blocks[layer], "mlp", None)) is not None
+    except UnsupportedModelError:
+        return False
+
+
+def memories_gap(model) -> str | None:
+    """Why the MLP memories cannot be read on `model`: the first mixture-of-experts layer whose layout moe_modules
+    refuses (GPT-OSS's), in one line; None where every layer's can (review 19b A1: the mlp analysis failed late)."""
+    from headscope.errors import UnsupportedModelError
+
+    for layer, block in enumerate(getattr(getattr(model, "bridge", None), "blocks", None) or []):
+        try:
+            moe_modules(getattr(block, "mlp", None))
+        except UnsupportedModelError as err:
+            return f"layer {layer}: {err}"
+    return None
 
 
 def moe_layers(model) -> list[int]:
@@ -138,7 +164,7 @@ def moe_routing(model, layer: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """The router's choice on MLP input x [..., d_model] as Hugging Face's MoE block makes it (its own gate module):
     {"expert_indices": [..., top_k] the chosen experts, "expert_weights": [..., expert] each expert's weight in the
     mix, 0 where not chosen} (sites of those names where the bridge has no hook point: DeepSeek-V3, review 15d C5)."""
-    router, experts, _, _ = moe_modules(model.bridge.blocks[layer].mlp)
+    router, experts, _, _ = moe_parts(model.bridge.blocks[layer].mlp)  # routing reads no expert weights
     weights, chosen = _route(raw_module(model.bridge.blocks[layer].mlp), router, x.reshape(-1, x.shape[-1]))
     mix = torch.zeros(chosen.shape[0], experts.gate_up_proj.shape[0], dtype=weights.dtype, device=weights.device)
     mix.scatter_(1, chosen, weights)  # [N, expert]

@@ -26,7 +26,7 @@ from headscope.errors import (
     TokenizationError,
     TokenizationWarning,
 )
-from headscope.models import attention_layout, config_facts, heap, qkv_sites
+from headscope.models import attention_layout, config_facts, heap, particulars, qkv_sites
 from headscope.models.readout import is_post_ln_block, unembed_weight
 from headscope.models.tl_habits import TLHabits
 from headscope.models.token_text import token_strings, unknown_words
@@ -112,6 +112,13 @@ class ModelFacts:
     # where not read; and whether the norms apply their weight as 1 + w (Nemotron's LayerNorm1P).
     mlp_act: str | None = None
     norm_one_plus: bool = False
+    # Review 19b (models/particulars.py): a learned per-head sink logit in each row's softmax (GPT-OSS's `sinks`: rows
+    # over the keys sum to < 1), attention biases, rope scaling ("YaRN rope scaling (factor 32)"), the experts' own
+    # activation where they ignore hidden_act ("clamped SwiGLU (limit 7, alpha 1.702, up + 1)").
+    learned_sinks: bool = False
+    attention_bias: bool = False
+    rope_scaling: str | None = None
+    expert_act: str | None = None
 
     @property
     def attention_layout(self) -> str:
@@ -181,6 +188,7 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         rope_bases=config_facts.rope_bases(hf, int(cfg.n_layers), nope) if rotary else None,
         nope_layers=nope,
         **_attention_facts(bridge, None if mla else int(cfg.d_head), str(getattr(cfg, "positional_embedding_type", ""))),
+        **particulars.facts(bridge, hf),  # review 19b: learned sinks, attention biases, rope scaling, experts' act
     )
 
 
@@ -451,7 +459,8 @@ class HookedModel(TLHabits):
             except Exception:  # noqa: BLE001  a repr never raises: a layout it cannot read is shown as d_mlp
                 return f"d_mlp={self.facts.d_mlp}"
             what = (f"dense {self.facts.d_mlp}" if e is None else f"{e.n_experts} experts x {e.expert_width}"
-                    + (f", top-{e.top_k}" if e.top_k else "") + (f" + shared {e.shared_width}" if e.shared_width else ""))
+                    + (f", top-{e.top_k}" if e.top_k else "") + (f" + shared {e.shared_width}" if e.shared_width else "")
+                    + (f", {self.facts.expert_act}" if self.facts.expert_act else ""))  # review 19b A3
             kinds.setdefault(what, []).append(layer)
         if list(kinds) == [f"dense {self.facts.d_mlp}"]:
             kind = config_facts.mlp_words(self.facts.mlp_act, self.facts.gated_mlp)  # review 18e C1
@@ -487,6 +496,7 @@ class HookedModel(TLHabits):
             + self._window_repr()  # review 17d C2: GPT-Neo's local layers, Mistral's, Gemma's sliding layers
             + config_facts.repr_words(f, [i for i, w in enumerate(layer_windows(self)) if w])  # review 18b C1
             + ("norms=LayerNorm1P (weight applied as 1 + w), " if f.norm_one_plus else "")  # review 18e C1
+            + particulars.repr_words(f)  # review 19b A2, C3: learned sinks, attention biases, rope scaling
             + f"dtype={str(self.dtype).removeprefix('torch.')}, device={self.device})"
         )
 

@@ -14,30 +14,69 @@ import torch
 from headscope.models.hooked_model import raw_module
 
 
-def moe_modules(mlp: torch.nn.Module):
-    """(router, experts, shared expert or None, shared expert's gate or None), raw Hugging Face
-    modules, for a mixture-of-experts MLP of the stacked layout; None for a dense MLP. A layout
-    this module does not know is an UnsupportedModelError, never numbers from the wrong weights."""
+def moe_parts(mlp: torch.nn.Module):
+    """(router, experts, shared expert or None, shared expert's gate or None), raw Hugging Face modules, for a
+    mixture-of-experts MLP of any layout (its router named `gate`, or `router` as GPT-OSS's); None for a dense MLP.
+    Structure only: whether the memories can read its weights is moe_modules'."""
     if mlp is None:
         return None
     block = raw_module(mlp)
     experts = getattr(block, "experts", None)
-    if experts is None or getattr(block, "gate", None) is None:
+    router = getattr(block, "gate", None)
+    router = getattr(block, "router", None) if router is None else router  # GPT-OSS's GptOssTopKRouter
+    if experts is None or router is None:
         return None
-    experts = raw_module(experts)
-    up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
-    if (not isinstance(up, torch.Tensor) or not isinstance(down, torch.Tensor) or up.ndim != 3
-            or getattr(experts, "is_transposed", False) or up.shape[1] != 2 * down.shape[2]):
-        from headscope.errors import UnsupportedModelError
-
-        raise UnsupportedModelError(f"{type(block).__name__}: MLP memories know mixtures of experts with stacked "
-                                    f"gate_up_proj [expert, 2 d_expert, d_model] and down_proj weights only.")
     shared = getattr(block, "shared_expert", None)  # Qwen2-MoE's (gated by sigmoid(shared_expert_gate))
     if shared is None:  # DeepSeek-V2/V3's n_shared_experts as one MLP, added ungated (HF DeepseekV3MoE.forward)
         shared = getattr(block, "shared_experts", None)
     shared_gate = getattr(block, "shared_expert_gate", None)
-    return (raw_module(block.gate), experts, None if shared is None else raw_module(shared),
+    return (raw_module(router), raw_module(experts), None if shared is None else raw_module(shared),
             None if shared_gate is None else raw_module(shared_gate))
+
+
+def moe_modules(mlp: torch.nn.Module):
+    """moe_parts for a mixture-of-experts MLP of the stacked layout the memories read (gate_up_proj [expert,
+    2 d_expert, d_model], down_proj [expert, d_model, d_expert], no expert biases); None for a dense MLP. A layout
+    this module does not know (GPT-OSS's: transposed, gate and up interleaved, biased, clamped SwiGLU) is an
+    UnsupportedModelError in one line, never numbers from the wrong weights."""
+    parts = moe_parts(mlp)
+    if parts is None:
+        return None
+    experts = parts[1]
+    up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    if (not isinstance(up, torch.Tensor) or not isinstance(down, torch.Tensor) or up.ndim != 3
+            or getattr(experts, "is_transposed", False) or up.shape[1] != 2 * down.shape[2]
+            or isinstance(getattr(experts, "gate_up_proj_bias", None), torch.Tensor)):
+        from headscope.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"{type(raw_module(mlp)).__name__}: MLP memories read mixtures of experts with stacked gate_up_proj "
+            f"[expert, 2 d_expert, d_model] and down_proj weights and no expert biases only; this one stores "
+            f"{_layout_words(experts)}.")
+    return parts
+
+
+def _layout_words(experts) -> str:
+    """What an expert layout the memories do not read holds, for the refusal."""
+    up = getattr(experts, "gate_up_proj", None)
+    words = [f"gate_up_proj {list(up.shape)}" if isinstance(up, torch.Tensor) else "no stacked gate_up_proj"]
+    if isinstance(getattr(experts, "alpha", None), (int, float)) and isinstance(getattr(experts, "limit", None),
+                                                                                  (int, float)):
+        words.append("gate and up interleaved")  # GPT-OSS's _apply_gate: gate_up[..., ::2], gate_up[..., 1::2]
+    if isinstance(getattr(experts, "gate_up_proj_bias", None), torch.Tensor):
+        words.append("per-expert biases")
+    act = expert_activation(experts)
+    return ", ".join(words) + (f" and a {act}" if act else "")
+
+
+def expert_activation(experts) -> str | None:
+    """The experts' own activation where it is not the config's hidden_act (GPT-OSS's GptOssExperts._apply_gate:
+    g = min(gate, limit), (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g)): 'clamped SwiGLU (limit 7, alpha
+    1.702, up + 1)'; None otherwise."""
+    alpha, limit = getattr(experts, "alpha", None), getattr(experts, "limit", None)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (alpha, limit)):
+        return None
+    return f"clamped SwiGLU (limit {limit:g}, alpha {alpha:g}, up + 1)"
 
 
 def _setting(router, block, *names: str, default=None):
@@ -114,15 +153,18 @@ def _measure_renormalised(router, weight: torch.Tensor) -> bool | None:
 
 def expert_layout(model, layer: int) -> ExpertLayout | None:
     """Block `layer`'s ExpertLayout; None for a dense MLP."""
-    moe = moe_modules(model.bridge.blocks[layer].mlp)
+    moe = moe_parts(model.bridge.blocks[layer].mlp)  # any layout: the memories' own check is moe_modules'
     if moe is None:
         return None
     router, experts, shared, shared_gate = moe
     block = raw_module(model.bridge.blocks[layer].mlp)
     top_k = _setting(router, block, "top_k")
     n_experts = experts.gate_up_proj.shape[0]
+    width = getattr(experts, "intermediate_size", None)  # GPT-OSS: down_proj [expert, d_expert, d_model]
+    width = int(width) if isinstance(width, int) and isinstance(getattr(experts, "gate_up_proj_bias", None),
+                                                                torch.Tensor) else experts.down_proj.shape[2]
     sigmoid = isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor)  # HF DeepseekV3TopkRouter
-    return ExpertLayout(n_experts=n_experts, expert_width=experts.down_proj.shape[2],
+    return ExpertLayout(n_experts=n_experts, expert_width=width,
                         top_k=None if top_k is None else int(top_k),
                         shared_width=0 if shared is None else raw_module(shared.up_proj).weight.shape[0],
                         renormalised=_renormalised(router, None if top_k is None else int(top_k), n_experts,

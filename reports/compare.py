@@ -69,7 +69,7 @@ from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.patching_sites import KV_SITES, by_construction, share, tied
 from headscope.reports.patching_words import _gap
 from headscope.reports.provenance import _count_text as count_text
-from headscope.reports.provenance import provenance_lines, speed_text
+from headscope.reports.provenance import provenance_lines, setting_change, speed_text
 from headscope.reports.render import escape
 from headscope.reports.resume_settings import bos_option
 
@@ -500,8 +500,8 @@ def _budget_text(record: Mapping[str, Any], idle: frozenset[str] = frozenset()) 
     of one command can differ here by the load at their start, not by any setting), less `idle` ones (settings of a
     part that ran in neither run: compare_run.idle_settings)."""
     changed = {k: v for k, v in (record.get("budget_changed") or {}).items() if k not in idle}
-    text = ", ".join(f"{k} {v[0]} -> {v[1]}" if isinstance(v, (list, tuple)) and len(v) == 2 else f"{k} {v}"
-                     for k, v in changed.items()) or "none"
+    text = ", ".join(setting_change(k, *v) if isinstance(v, (list, tuple)) and len(v) == 2 else f"{k} {v}"
+                     for k, v in changed.items()) or "none"  # review 19b C2: what a dropped window means
     speed = record.get("budget_speed")
     if changed and isinstance(speed, Mapping):
         text += f" (fitted to the speed measured at the start of the run: {speed_text(speed)})"

@@ -76,6 +76,14 @@
     return c ? s / c : null;
   }
   var NO_SINK = "no shown query can see the first token";
+  // review 19b A2: a model with a learned sink logit per head (GPT-OSS) gives part of each row to it; the first
+  // token is then not "the sink", and each row's weights over the keys sum to less than 1
+  var FIRST = data.learned_sinks ? "first token (not the model's learned sink)" : "sink";
+  function learnedShare(p) {  // mean over the queries of 1 - the row's sum over the keys: the learned sink's share
+    var s = 0;
+    for (var q = 0; q < p.length; q++) { var r = 0; for (var k = 0; k < p[q].length; k++) r += p[q][k]; s += 1 - r; }
+    return p.length ? s / p.length : null;
+  }
   function sink(ex, l, h) { return sinkOver(pattern(ex, l, h), W[l] || 0, posOf(ex)); }
   function fmt(v) { return v.toFixed(4); }
   function q_(toks, i) { return "\u201c" + toks[i] + "\u201d (" + at(i) + ")"; }  // a token, quoted, and its position
@@ -193,7 +201,9 @@
   app.appendChild(el("p", "hsx-help", "Click a head or its thumbnail (or focus the grid and use the arrow keys) to see its " +
     "attention pattern; hover a thumbnail to preview it; shift+click heads to overlay several. " +
     "Hover a token: its row shows where it attends, its column what attends to it. Click a query token to pin it: " +
-    "the tokens above are then shaded by its attention weights. Orange bars: attention on the first token (the sink). " +
+    "the tokens above are then shaded by its attention weights. Orange bars: attention on the first token" +
+    (data.learned_sinks ? " (not the model's learned sink, whose share of each row is the weight missing from it). "
+                        : " (the sink). ") +
     "A link ending in #L1H3 opens layer 1, head 3; head names in the findings open on the prompt of their section's task."));
   var controls = el("div", "hsx-controls");
   function select(labelText, options, value, onchange) {
@@ -347,7 +357,7 @@
       td.lastChild.firstChild.style.width = s === null ? "0" : (100 * s).toFixed(1) + "%";
       td.title = headName(l, h) + "\n" + st.colour.replace(/^[a-z]+:/, "") + ": " +
         (v === null ? "n/a" : typeof v === "number" ? v.toPrecision(4) : v) +
-        "\nsink (attention on the first token): " + (s === null ? NO_SINK : s.toFixed(3));
+        "\n" + FIRST + " (attention on the first token): " + (s === null ? NO_SINK : s.toFixed(3));
       td.setAttribute("aria-label", td.title.replace(/\n/g, ", "));
       td.classList.toggle("hsx-sel", inHeads(l, h) >= 0);
       td.setAttribute("aria-selected", l === st.l && h === st.h ? "true" : "false");
@@ -501,13 +511,17 @@
     sinkLine.textContent = "";
     var win = windowOf(cur.heads);
     if (s === null) {
-      sinkLine.appendChild(el("span", null, "sink: attention on the first token: " + NO_SINK +
+      sinkLine.appendChild(el("span", null, FIRST + ": attention on the first token: " + NO_SINK +
                               " (every shown query lies beyond the window), so none is measured"));
     } else {
-      sinkLine.appendChild(el("span", null, "sink: attention on the first token, mean over " +
+      sinkLine.appendChild(el("span", null, FIRST + ": attention on the first token, mean over " +
                               (win ? "the queries that can see it" : "queries")));
       var bar = el("span", "hsx-bar"), fill = el("span"); fill.style.width = (100 * s).toFixed(1) + "%";
       bar.appendChild(fill); sinkLine.appendChild(bar); sinkLine.appendChild(el("span", "hsx-sinkvalue", s.toFixed(3)));
+    }
+    if (data.learned_sinks && p.length && !data.examples[st.ex].cut) {  // a cut example's rows miss the cut keys
+      sinkLine.appendChild(el("span", null, "; learned sink: share of each row, mean over queries " +
+                              learnedShare(p).toFixed(3)));
     }
     var slides = {};
     cur.heads.forEach(function (lh) { if (W[lh[0]]) slides[lh[0]] = W[lh[0]]; });

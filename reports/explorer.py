@@ -27,6 +27,7 @@ The data dict (format 1):
                decoder's first query, which can only attend to itself, left out); plus the caller's
     labels:    {name: [layer][head] -> str} (e.g. each head's role), shown in the grid
     default_score: the score the grid starts coloured by
+    learned_sinks: (only where the model has them: GPT-OSS) true: each row's weights over the keys sum to less than 1
     windows:   (only when a layer slides) [layer] -> its sliding window or null (global): a query q sees keys
                k > q - window; the view hatches the keys outside it (masked, not zero attention), says the
                window of the layer shown, and averages the sink over the queries that see the first token
@@ -53,6 +54,23 @@ from headscope.reports.tokens_view import HTMLView, pattern_view
 FORMAT = 1
 MAX_ATTENTION = "max attention (examples shown)"  # mean over queries of the largest weight
 SINK = "sink (examples shown)"  # mean over queries of the weight on the first token
+FIRST = "first token (examples shown)"  # the same on a model with learned sinks (review 19b A2)
+LEARNED = "learned sink (examples shown)"  # mean over queries of 1 - the row's sum over the keys
+
+
+def _learned_share(examples: Sequence[Mapping[str, Any]], n_layers: int, n_heads: int) -> torch.Tensor | None:
+    """[n_layers, n_heads] the learned sinks' share of a row (1 - its sum over the keys), mean over the shown queries
+    and the examples not cut (a cut example's rows miss the cut keys); None where every example is cut."""
+    whole = [e for e in examples if not e.get("cut")]
+    if not whole:
+        return None
+    out = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    for e in whole:
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                rows = e["patterns"][layer][head]  # [query] -> [int] (x SCALE)
+                out[layer, head] += sum(1 - sum(r) / SCALE for r in rows) / max(len(rows), 1)
+    return out / len(whole)
 
 
 # ---- scores --------------------------------------------------------------------------------
@@ -152,7 +170,10 @@ def explorer_data(f: Any, captured: Captured, *, head_scores: Any = None, defaul
     user_scores, labels = _score_grids(head_scores, f.n_layers, f.n_heads)
     scores.update(user_scores)
     scores[MAX_ATTENTION] = _grid(peak / n, f.n_layers, f.n_heads, MAX_ATTENTION)
-    scores[SINK] = _grid(sink / n, f.n_layers, f.n_heads, SINK)
+    learned = bool(getattr(f, "learned_sinks", False))  # review 19b A2: the first token is not the learned sink there
+    scores[FIRST if learned else SINK] = _grid(sink / n, f.n_layers, f.n_heads, FIRST if learned else SINK)
+    if learned and (share := _learned_share(examples, f.n_layers, f.n_heads)) is not None:
+        scores[LEARNED] = _grid(share, f.n_layers, f.n_heads, LEARNED)
     if default_score is None:
         default_score = next(iter(user_scores), MAX_ATTENTION)
     elif default_score not in scores:
@@ -163,6 +184,8 @@ def explorer_data(f: Any, captured: Captured, *, head_scores: Any = None, defaul
         **({"kv_note": note} if (note := kv_note(f.n_heads, f.n_kv_heads)) else {}),
         "scale": SCALE, "examples": examples, "scores": scores, "labels": labels, "default_score": default_score,
         **({"windows": [int(w) if w else None for w in windows]} if windows and any(windows) else {}),
+        # review 19b A2: a learned sink logit per head takes part of each row (rows over the keys sum to < 1)
+        **({"learned_sinks": True} if getattr(f, "learned_sinks", False) else {}),
     }
 
 

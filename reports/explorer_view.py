@@ -55,6 +55,8 @@ JS = (resources.files(__package__) / "explorer.js").read_text(encoding="utf-8")
 # the script by explorer_html (review 14c C2): the sequential scale's dark end, the scale's note, the hatching's words.
 SEQ_END = (103, 0, 13)  # attention weight 1 (the figures' Reds at 1); 0 is white
 SCALE_NOTE = "(each query's weights over the keys sum to 1)"
+# review 19b A2: a model with a learned sink logit per head (GPT-OSS's `sinks`; data["learned_sinks"])
+SINKS_SCALE_NOTE = "(each query's weights over the keys sum to less than 1: the model's learned sink takes the rest)"
 MASKED = "masked (outside the sliding window)"  # a hatched cell's tooltip
 HATCHED = "hatched cells are keys outside it (masked, not zero attention)"
 
@@ -195,7 +197,8 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
     if not _ID.match(uid):
         raise ConfigError(f"explorer id {uid!r} must be letters, digits, '-' or '_', starting with a letter.")
     script = (JS.replace("__ID__", json.dumps(uid)).replace("__SEQ__", json.dumps(list(SEQ_END)))
-              .replace("__SCALE_NOTE__", json.dumps(SCALE_NOTE)).replace("__HATCHED__", json.dumps(HATCHED))
+              .replace("__SCALE_NOTE__", json.dumps(SINKS_SCALE_NOTE if data.get("learned_sinks") else SCALE_NOTE))
+              .replace("__HATCHED__", json.dumps(HATCHED))
               .replace("__MASKED__", json.dumps(MASKED)))
     return (
         f'<div class="hsx" id="{uid}"><style>{CSS}</style>'
@@ -205,6 +208,7 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
     )
 
 
-__all__ = ["CSS", "HATCHED", "JS", "MASKED", "SCALE_NOTE", "SEQ_END", "caveat_scores", "explorer_html", "json_for_script",
+__all__ = ["CSS", "HATCHED", "JS", "MASKED", "SCALE_NOTE", "SEQ_END", "SINKS_SCALE_NOTE", "caveat_scores", "explorer_html",
+           "json_for_script",
            "link_heads", "muted_scores", "rounding_floors", "section_links", "seq", "undetermined_caveat", "under_floor",
            "window_words"]

@@ -552,7 +552,8 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
     what = what or f"the first {n_sink if n_sink is not None else '?'} token(s)"
     alibi = baseline == "alibi"
     share = (f"{base}, the share ALiBi's position bias alone gives them with every score equal (each head's slope; "
-             f"uniform attention would give {_uniform_words(rows)})" if alibi else f"the uniform share {base}")
+             f"uniform attention would give {_uniform_words(rows)})" if alibi else
+             f"the uniform share of the mass that reaches the keys {base}" if baseline == "keys" else f"the uniform share {base}")
     copies = _copies_words(rows, unit)
     ci_words = "95% CI, " if any(r.get("ci") for r in rows) else ""
     head = (f"{where}ttention on {what} per layer (mean"
@@ -569,7 +570,7 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
     else:
         verdict = f"No layer is an attention sink (none is {rule})."
     note = nope_sentence(nope, [int(r["layer"]) for r in sinks])
-    return head + listed + ". " + copies + verdict + (" " + note if note else "")
+    return learned_sink_words(rows, baseline) + head + listed + ". " + copies + verdict + (" " + note if note else "")
 
 
 def nope_sentence(nope: Any, named: Any = (), what: str = "sink") -> str:
@@ -586,6 +587,30 @@ def nope_sentence(nope: Any, named: Any = (), what: str = "sink") -> str:
         said += (f" (the {what}{'s' if len(on) > 1 else ''} on layer{'s' if len(on) > 1 else ''} "
                  f"{', '.join(map(str, on))} {'are' if len(on) > 1 else 'is'} on {'them' if len(layers) > 1 else 'it'})")
     return said + "."
+
+
+def learned_sink_words(rows: list[Mapping[str, Any]], baseline: Any) -> str:
+    """Review 19b B1: on a model with learned attention sinks (the records' keys_mass, baseline "keys"), the sentence
+    before the first-token one: the learned sink's share of a row per layer with its 95% interval, and why the baseline
+    is uniform attention over the rest (a row's weights over the keys sum to less than 1); "" on other models."""
+    got = [r for r in rows if _num(r.get("keys_mass")) is not None]
+    if baseline != "keys" or not got:
+        return ""
+
+    def one(r: Mapping[str, Any]) -> str:
+        ci = r.get("keys_ci")
+        band = f" [{1 - ci[1]:.2f}, {1 - ci[0]:.2f}]" if isinstance(ci, (list, tuple)) and len(ci) == 2 else ""
+        return f"layer {r['layer']} {1 - r['keys_mass']:.2f}{band}"
+
+    flat = [_num(r.get("uniform_share")) for r in got]
+    plain = ""
+    if all(v is not None for v in flat):
+        spread = f"-{max(flat):.2f}" if max(flat) - min(flat) >= 0.005 else ""
+        plain = f" (were each row to sum to 1, uniform attention would give {min(flat):.2f}{spread})"
+    return ("The model has learned attention sinks (a sink logit per head, not a token), which take part of every row "
+            f"(mean share per layer over the same queries, 95% CI): {', '.join(one(r) for r in got)}; each row's weights "
+            f"over the keys sum to the rest, so the first token's baseline below is the uniform share of that mass"
+            f"{plain}. ")
 
 
 def ratio_alone(rows: list[Mapping[str, Any]]) -> list[int]:

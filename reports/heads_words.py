@@ -560,6 +560,9 @@ def finding(s: Mapping[str, Any]) -> str:
     if isinstance(roles, Mapping):
         if windows:
             parts.append(_role_window_words(windows, s.get("n_layers")))
+        if s.get("learned_sinks"):  # review 19b A2: the sink role is first-token attention, not the learned sink
+            parts.append("The sink role scores attention on the first token; the model's learned attention sinks (a "
+                         "sink logit per head, not a token) are apart from it and take part of every row.")
         found = [f"{len(v)} {k.replace('_', '-')} ({', '.join(map(str, v[:3]))}{', ...' if len(v) > 3 else ''})"
                  for k, v in roles.items() if v]
         blind = set((windows or {}).get("induction_unmeasurable") or ())

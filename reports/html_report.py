@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from headscope.models import particulars
 from headscope.models.attention_layout import attention_words
 from headscope.models.config_facts import header_words
 from headscope.models.hooked_model import window_words
@@ -441,6 +442,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     ran = [n for n in names if str(status.get(n, "")).startswith("done")]  # review 16a C2: the sections with numbers
     facts += scalings_clause(model, ran)  # review 15a C3: Granite's multipliers decide what the units mean
     facts += "".join(", " + w for w in header_words(model))  # review 18b C1: soft-caps, rotary bases by layer
+    facts += "".join(", " + w for w in particulars.header_words({**model, "learned_sink_share": _learned_share(out)}))
     if words := window_words(model.get("attention_windows") or {}, model.get("n_layers")):  # review 17d C2
         facts += f", {words}"
     if model.get("tied_embeddings"):  # review 9b C2: the unembedding is the embedding (DLA and the lens read it)
@@ -468,3 +470,20 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
           + "\n".join(md_sections) + "\n" + _provenance_markdown(info))
     io.write_text(out / "report.md", md)
     io.write_text(out / "report.html", html)
+
+
+def _learned_share(out: Path) -> float | None:
+    """Review 19b A2: the learned sinks' mean share of a row on this run's data, over the layers, from the kv analysis's
+    sinks records (else position's: their keys_mass, the mass that reaches the keys); None where neither measured it."""
+    for name in ("kv", "position"):
+        path = out / name / "summary.json"
+        if not path.exists():
+            continue
+        try:
+            kept = [r["keys_mass"] for r in io.read_json(path).get("sinks") or []
+                    if isinstance(r, dict) and isinstance(r.get("keys_mass"), (int, float))]
+        except Exception:  # noqa: BLE001 - a damaged summary: the header says the sinks without the number
+            continue
+        if kept:
+            return float(1 - sum(kept) / len(kept))
+    return None

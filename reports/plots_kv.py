@@ -440,9 +440,14 @@ def plot_sinks(data: pd.DataFrame, *, ax=None):
     ax.bar(x - 0.2, measured, width=0.4, color=colours[0], label="measured (95% CI over prompts)" if err is not None
            else "measured", yerr=err, capsize=3, ecolor="black")
     alibi = kind == "alibi"  # review 16c B1: an ALiBi model's baseline is its bias alone (analyses.kv.sink_stats)
-    ax.bar(x + 0.2, uniform, width=0.4, color=colours[1], label="ALiBi's bias alone\n(equal scores)" if alibi else "if uniform")
+    ax.bar(x + 0.2, uniform, width=0.4, color=colours[1], label="ALiBi's bias alone\n(equal scores)" if alibi else
+           "if uniform over the\nmass reaching the keys" if kind == "keys" else "if uniform")  # review 19b B1
+    learned = 1 - data["keys_mass"].to_numpy(dtype=float) if kind == "keys" and "keys_mass" in data else None
+    if learned is not None:  # the learned sink's share of each row, mean over the prompts
+        ax.plot(x, learned, "k_", markersize=14, label="learned sink\n(share of a row)")
     ax.set_xticks(x, [str(int(v)) for v in data["layer"]])
-    top = max(float(np.nanmax(measured + (err[1] if err is not None else 0))), float(np.nanmax(uniform)))
+    top = max(float(np.nanmax(measured + (err[1] if err is not None else 0))), float(np.nanmax(uniform)),
+              float(np.nanmax(learned)) if learned is not None else 0.0)
     ax.set(title="Attention sink: mass on the first position", xlabel="layer",
            ylabel="attention mass on position 0 (0-1)")
     ax.set_ylim(0, min(1.0, 1.15 * top) or 1.0)

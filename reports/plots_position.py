@@ -146,7 +146,8 @@ def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, what: str |
     ax.set_xlabel("layer")
     base = sinks["baseline"].to_numpy(dtype=float)  # [layer]: each layer's own (a sliding window sees fewer keys)
     baseline = float(base.max())
-    named = "ALiBi's bias alone\n(equal scores)" if baseline_kind == "alibi" else "uniform attention"
+    named = ("ALiBi's bias alone\n(equal scores)" if baseline_kind == "alibi" else  # review 19b B1: learned sinks
+             "uniform attention over\nthe mass reaching the keys" if baseline_kind == "keys" else "uniform attention")
     if base.max() - base.min() < 1e-9:
         ax.axhline(baseline, color="black", linestyle="--", label=named)
     else:
@@ -322,6 +323,11 @@ def finding(s: Mapping[str, Any]) -> str:
                      + (" (an attention sink)." if sinks[top] > 2 * base else ": no attention sink."))
     said = masked_gold_sentence(s)
     parts += [said] if said else []
+    budget = s.get("budget") if isinstance(s.get("budget"), Mapping) else {}
+    window = (budget.get("changed") or {}).get("window") if isinstance(budget.get("changed"), Mapping) else None
+    if isinstance(window, (list, tuple)) and len(window) == 2 and window[1] == 0:  # review 19b C2
+        parts.append("The streaming sweep (sinks + window against the window alone and the full context) was not run: "
+                     "this run's time budget dropped it, so it has no result here (--budget inf runs it).")
     if not at_chance:
         said = _retrieval(s)
         parts += [said] if said else []

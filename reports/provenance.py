@@ -442,6 +442,18 @@ def below_quick_line(out: Path, names: Any) -> str:
             f"({'; '.join(said)}): rerun with --budget inf.")
 
 
+STREAMING_DROPPED = ("the streaming sweep (sinks + window against the window alone and the full context) not run: "
+                     "its result and figure are missing")
+
+
+def setting_change(key: str, old: Any, new: Any) -> str:
+    """One setting the budget changed, in words: 'n_examples 16 -> 8'; position's window to 0 (review 19b C2: "window
+    None -> 0" hid that the streaming sweep was dropped) 'window default -> 0 (the streaming sweep ... not run: ...)'."""
+    if key == "window" and new == 0:
+        return f"window {'default' if old is None else old} -> 0 ({STREAMING_DROPPED})"
+    return f"{key} {old} -> {new}"
+
+
 def _changed_text(changed: Mapping[str, Any], speed: Mapping[str, Any] | None = None) -> str:
     """'the budget changed no setting', or (review 10a A2: the settings depend on a speed timed at the start of the
     run, so the same command can give another section) 'the budget (fitted to this machine's speed measured at the
@@ -452,7 +464,7 @@ def _changed_text(changed: Mapping[str, Any], speed: Mapping[str, Any] | None = 
     parts = []
     for key, value in changed.items():
         old, new = value if isinstance(value, (list, tuple)) and len(value) == 2 else ("?", value)
-        parts.append(f"{key} {old} -> {new}")
+        parts.append(setting_change(key, old, new))
     measured = f": {speed_text(speed)}" if isinstance(speed, Mapping) else ""
     return (f"the budget (fitted to this machine's speed measured at the start of the run{measured}) changed "
             + ", ".join(parts) + "; another run may fit differently; --budget inf runs the preset in full")

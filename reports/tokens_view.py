@@ -219,7 +219,7 @@ def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] |
     token's place in a prompt of n_total tokens that was cut (attention_capture.kept_positions), which the masking
     reads and the title says. The explorer's stylesheet (scoped to .hsx) styles it; no script."""
     from headscope.models.hooked_model import visible_keys
-    from headscope.reports.explorer_view import CSS, MASKED, SCALE_NOTE, seq, window_words
+    from headscope.reports.explorer_view import CSS, MASKED, SCALE_NOTE, SINKS_SCALE_NOTE, seq, window_words
 
     values = _numbers(pattern, "pattern")
     values = values[None] if values.ndim == 2 else values
@@ -258,9 +258,11 @@ def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] |
         said = said.replace("layer 0 attends", "this layer attends", 1)
     line = f"<div class='hsx-windowline'>{escape(said)}</div>" if said else ""
     ramp = f"linear-gradient(90deg,{seq(0)},{seq(1)})"
+    # review 19b A2: rows of a whole prompt summing to less than 1 are a learned sink's (GPT-OSS): say so, not "1"
+    short = positions is None and bool((values.sum(-1) < 1 - 1e-3).any())
     scale = (f"<div class='hsx-scale'><span>attention weight:</span><span>0</span><span class='hsx-ramp' "
              f"style='display: inline-block; width: 140px; height: 10px; background: {ramp}'></span><span>1</span>"
-             f"<span class='hsx-note'>{escape(SCALE_NOTE)}</span></div>")
+             f"<span class='hsx-note'>{escape(SINKS_SCALE_NOTE if short else SCALE_NOTE)}</span></div>")
     return HTMLView(f"<div class='hsx headscope-patterns'><style>{CSS}</style>{head}{line}{scale}{''.join(grids)}</div>",
                     f"PatternView({values.shape[0]} head(s), {n} tokens)")
 

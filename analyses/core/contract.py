@@ -56,7 +56,9 @@ class Needs:
     what: what it does, for messages ("measures next-token answers");
     linear_readout: what of it reads the residual stream linearly into the logits ("the logit lens and direct logit
       attribution"), so it cannot run on post-LN blocks nor without a hooked final norm (models.readout: skipped,
-      one line); "" where nothing does.
+      one line); "" where nothing does;
+    model_gap: (model) -> why it cannot read this model's layers (mlp: a mixture-of-experts layout its memories do not
+      read, GPT-OSS's), or None; skipped with that reason before any work (review 19b A1).
     """
 
     answers: bool = True
@@ -77,6 +79,7 @@ class Needs:
     continuation: bool = False
     what: str = ""
     linear_readout: str = ""
+    model_gap: Callable[[Any], str | None] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +121,7 @@ def model_reasons(needs: Needs, model: Any, task: Any = None, config: Any = None
         why = f": it {needs.what}" if needs.what else ""
         return [f"{facts.name} is an encoder and this analysis needs a decoder{why}"]
     gap = readout_reason(model, needs.linear_readout) if needs.linear_readout else None
+    gap = gap or (needs.model_gap(model) if needs.model_gap is not None else None)
     if gap:  # review 16d A4: OPT's post-LN blocks (or a final norm the bridge does not hook), before any work
         return [gap]
     reasons = _default_data_reasons(needs, model)

@@ -238,6 +238,8 @@ def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
         "mixture_of_experts": bool(moe),
         # which blocks are (a dense MLP among MoE blocks: Qwen2-MoE's mlp_only_layers), for the finding's words
         "moe_layers": moe,
+        # review 19b A2: a learned sink logit per head (GPT-OSS): the sink role's first token is not that sink
+        **({"learned_sinks": True} if getattr(f, "learned_sinks", False) else {}),
         # review 15c B1: an encoder task's prompts that hold the mask token, whose filling the cosine does not score
         **({"mask_task": scorer.mask_task} if scorer.mask_task else {}),
         # or, where each holds one and the checkpoint has its masked-LM head, the answer read there (mask_read.py)

@@ -271,33 +271,47 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
     windows = layer_windows(model)  # a sliding-window layer averages only the queries its window lets see key 0
     slopes = alibi_slopes(model)  # ALiBi: the baseline is what its bias alone gives the first key (review 16c B1)
     masses, uniforms, flats = [], [], []  # per length group: [prompts, layer] sink mass, [prompts, layer] uniform share
+    learned = bool(getattr(model.facts, "learned_sinks", False))  # review 19b B1: rows over the keys sum to < 1
+    reached: list[torch.Tensor] = []  # per length group: [prompts, layer] mean mass over the keys (learned sinks)
     for group in length_groups(tokens, attention_mask):
         rows = sinks.query_rows(group.shape[1], n_sink)  # the query rows sinks.sink_mass averages
         # per layer, the rows averaged: on a sliding-window layer those that see the first token (review 11b C7,
         # as heads' roles, the explorer and position average the sink); [layer] of [rows'] positions
         seen = [sinks.sink_rows(group.shape[1], n_sink, w) for w in windows]
         mass = torch.zeros(group.shape[0], n_layers, dtype=torch.float64)  # [prompts, layer]
+        keys, weighted = torch.zeros_like(mass), torch.zeros_like(mass)  # learned sinks: mass over the keys, x share
 
         def reduce(layer: int, queries: torch.Tensor, pattern: torch.Tensor, mass: torch.Tensor = mass,
-                   seen: list = seen) -> None:
+                   seen: list = seen, keys: torch.Tensor = keys, weighted: torch.Tensor = weighted) -> None:
             # pattern [prompts, head, c, keys] -> each prompt's mean over the layer's rows and heads of the mass
             # on the sinks (sinks.sink_mass)
+            per = len(seen[layer]) * pattern.shape[1]
             got = sinks.sink_mass_sum(pattern, queries, n_sink, seen[layer])  # [prompts, head]
-            mass[:, layer] += got.double().sum(1).cpu() / (len(seen[layer]) * pattern.shape[1])
+            mass[:, layer] += got.double().sum(1).cpu() / per
+            if learned:
+                reach, share = sinks.keys_mass_sums(pattern, queries, seen[layer], n_sink, windows[layer])
+                keys[:, layer] += reach.sum(1).cpu() / per
+                weighted[:, layer] += share.sum(1).cpu() / per
 
         hooks.reduce_patterns(model, group, reduce, query_positions=rows, logits_from=group.shape[1] - 1)
         masses.append(mass)
         share = [sinks.uniform_baseline(group.shape[1], n_sink, window=w, rows=seen[layer], slopes=slopes)
                  for layer, w in enumerate(windows)]  # [layer]
-        uniforms.append(torch.tensor(share, dtype=torch.float64)[None, :].expand(group.shape[0], n_layers))
+        plain = torch.tensor(share, dtype=torch.float64)[None, :].expand(group.shape[0], n_layers)
+        if learned:  # the uniform share of the mass that reaches the keys; the plain one beside it, for the words
+            uniforms.append(weighted)
+            flats.append(plain)
+            reached.append(keys)
+            continue
+        uniforms.append(plain)
         if slopes is not None:  # the uniform share beside ALiBi's, for the words
             flat = [sinks.uniform_baseline(group.shape[1], n_sink, window=w, rows=seen[layer])
                     for layer, w in enumerate(windows)]
             flats.append(torch.tensor(flat, dtype=torch.float64)[None, :].expand(group.shape[0], n_layers))
     per_layer = sinks.layer_sinks(torch.cat(masses), torch.cat(uniforms),  # over the prompts, with intervals
-                                  torch.cat(flats) if flats else None)
+                                  torch.cat(flats) if flats else None, keys=torch.cat(reached) if learned else None)
     keys = norms[norms.kind == "key"]
-    rows, kind = [], "uniform" if slopes is None else "alibi"
+    rows, kind = [], "keys" if learned else "uniform" if slopes is None else "alibi"
     for layer, entry in zip(range(n_layers), per_layer):
         k = keys[keys.layer == layer]
         first, rest = k[k.position < n_sink].norm.mean(), k[k.position >= n_sink].norm.mean()
@@ -306,7 +320,9 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
                      "ci_low": ci[0], "ci_high": ci[1], "excess_ci_low": excess[0], "excess_ci_high": excess[1],
                      "ratio": entry["ratio"], "n_prompts": entry["n"], "sink": entry["sink"],
                      "sink_key_norm_ratio": first / rest,
-                     **({"uniform_share": entry["uniform_share"]} if "uniform_share" in entry else {})})
+                     **({"uniform_share": entry["uniform_share"]} if "uniform_share" in entry else {}),
+                     **({"keys_mass": entry["keys_mass"], "keys_ci_low": (entry["keys_ci"] or [float("nan")] * 2)[0],
+                         "keys_ci_high": (entry["keys_ci"] or [float("nan")] * 2)[1]} if "keys_mass" in entry else {})})
     return pd.DataFrame(rows)
 
 
@@ -388,7 +404,9 @@ def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
     return [{"layer": int(r.layer), "mass": float(r.sink_mass), "baseline": float(r.baseline_mass),
              "ci": pair(r.ci_low, r.ci_high), "excess_ci": pair(r.excess_ci_low, r.excess_ci_high),
              "ratio": float(r.ratio), "n": int(r.n_prompts), "sink": bool(r.sink),
-             **({"uniform_share": float(r.uniform_share)} if "uniform_share" in table else {})}
+             **({"uniform_share": float(r.uniform_share)} if "uniform_share" in table else {}),
+             **({"keys_mass": float(r.keys_mass), "keys_ci": pair(r.keys_ci_low, r.keys_ci_high)}
+                if "keys_mass" in table else {})}
             for r in table.itertuples()]
 
 
@@ -536,7 +554,9 @@ def _state_summary(model, task: Task, sink_table: pd.DataFrame, per_prompt: pd.D
     return {
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),
-        "sink_baseline": "alibi" if alibi_slopes(model) is not None else "uniform",  # what "baseline" records hold
+        # what "baseline" records hold; "keys": the uniform share of the mass that reaches the keys (learned sinks)
+        "sink_baseline": ("keys" if getattr(model.facts, "learned_sinks", False) else
+                          "alibi" if alibi_slopes(model) is not None else "uniform"),
         # review 19c B2: the layers without rotary (NoPE), which the sink sentence names
         **({"nope_layers": list(model.facts.nope_layers)} if model.facts.nope_layers else {}),
         # NaN (null) where the layer's cache no longer holds the first key (a sliding window past it)

@@ -46,12 +46,13 @@ from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.mlp.topk_stream import StreamingTopK
-from headscope.errors import ConfigError
+from headscope.errors import ConfigError, UnsupportedModelError
 from headscope.execution import batching, block_shape
 from headscope.models.readout import unembed_weight
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
-NEEDS = Needs(answers=True, decoder=True, what="reads MLP values through the unembedding as next tokens")
+NEEDS = Needs(answers=True, decoder=True, what="reads MLP values through the unembedding as next tokens",
+              model_gap=hooks.memories_gap)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -456,6 +457,8 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     and promoted tokens; raw strings, escape when rendering), "task_updates" (largest sub-updates per example and layer).
     """
     config = configure(MLPConfig, config, config_overrides, name="mlp_memories_analysis")
+    if gap := hooks.memories_gap(model):  # review 19b A1: a layout the memories cannot read, before any work
+        raise UnsupportedModelError(gap)
     if model.facts.is_encoder:
         raise ConfigError(f"the mlp analysis reads values through the unembedding and next tokens; "
                          f"{model.facts.name} is an encoder without a trained LM head. Use a decoder.")

@@ -481,8 +481,14 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     grouped = [distinct_inputs([sw.tokens for sw in sweeps], r) for r in rows_of]
     groups = torch.tensor([g for g, _ in grouped]).T  # [examples, layer]
     reads = [max(int(r.max()) + 1 for r in rs) for rs in rows_of]
+    learned = not encoder and all(o.keys_mass is not None for o in outs)  # review 19b B1: learned sinks (GPT-OSS)
+    if learned:  # the baseline: the uniform share of the mass that reaches the keys; the plain share beside it
+        flat = uniform
+        uniform = torch.stack([o.keys_baseline.double().mean((0, 2)) for o in outs])  # [examples, layer]
+        baseline = float(uniform.mean())
     per_layer = layer_sinks(torch.stack([o.sink_mass.double().mean((0, 2)) for o in outs]),  # [examples, layer]
-                            uniform, flat, None if encoder else groups, None if encoder else reads)  # kv's sink criterion
+                            uniform, flat, None if encoder else groups, None if encoder else reads,  # kv's sink criterion
+                            keys=torch.stack([o.keys_mass.double().mean((0, 2)) for o in outs]) if learned else None)
     sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer,
                           "baseline": [e["baseline"] for e in per_layer],
                           "ci_low": [(e["ci"] or [math.nan])[0] for e in per_layer],
@@ -502,7 +508,8 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         **no_gold_summary(no_gold_base, curve_df),
         "sink_mass_per_layer": sink_by_layer,
         "sink_baseline_share": baseline,
-        "sink_baseline": "alibi" if slopes is not None and not encoder else "uniform",  # what that baseline is
+        "sink_baseline": ("keys" if learned else  # review 19b B1: uniform over the mass that reaches the keys
+                          "alibi" if slopes is not None and not encoder else "uniform"),  # what that baseline is
         "sinks": per_layer,
         "n_sink": n_sink,
         # review 19c B2: the layers without rotary (NoPE), which the sink and retrieval-head sentences name

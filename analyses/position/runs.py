@@ -31,7 +31,7 @@ import torch
 
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.position.prompts import PositionSweep
-from headscope.analyses.position.sinks import query_rows, sink_mass_sum, sink_rows, streaming_keep
+from headscope.analyses.position.sinks import keys_mass_sums, query_rows, sink_mass_sum, sink_rows, streaming_keep
 from headscope.errors import ConfigError
 from headscope.execution import distributed
 from headscope.hooks.kv_states import generate_with_kv
@@ -57,6 +57,10 @@ class SweepOutput:
     sink_mass: torch.Tensor
     masked: Mapping[str, Mapping[str, torch.Tensor]]
     no_gold: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    # review 19b B1, a model with learned sinks only: [n_pos, layer, head] the mean mass over the keys of the same rows
+    # (a row's sum; the learned sink takes the rest) and the mean of that mass x the row's uniform share of the sinks
+    keys_mass: torch.Tensor | None = None
+    keys_baseline: torch.Tensor | None = None
 
 
 class AttentionStats:
@@ -69,8 +73,11 @@ class AttentionStats:
     them whose window holds the first token (sinks.sink_rows). Encoders: both averaged over every query row."""
 
     def __init__(self, spans: torch.Tensor, n_prompt: int, n_sink: int, *, causal: bool,
-                 windows: Sequence[int | None] = ()) -> None:
+                 windows: Sequence[int | None] = (), learned_sinks: bool = False) -> None:
         self.spans, self.n_prompt, self.n_sink, self.causal = spans, n_prompt, n_sink, causal
+        self.windows, self.learned = list(windows or ()), learned_sinks and causal  # review 19b B1
+        self.keys: dict[int, torch.Tensor] = {}
+        self.weighted: dict[int, torch.Tensor] = {}
         # the rows each layer's sink mass averages (sinks.sink_rows): a global layer's every prompt row from n_sink
         # (encoders: every row), a sliding-window layer's those of them that see the first token
         self.all_rows = query_rows(n_prompt, n_sink, causal=causal)
@@ -94,6 +101,11 @@ class AttentionStats:
         # the queries are the prompt's (reduce_patterns' query_positions); the layer's rows count
         rows = self.rows.get(layer, self.all_rows)
         self._add(self.sink, layer, sink_mass_sum(pattern, queries, self.n_sink, rows), 1.0 / len(rows))
+        if self.learned:  # the mass reaching the keys of the same rows, and the uniform share of it (sinks.keys_mass_sums)
+            window = self.windows[layer] if layer < len(self.windows) else None
+            reach, share = keys_mass_sums(pattern, queries, rows, self.n_sink, window)
+            self._add(self.keys, layer, reach, 1.0 / len(rows))
+            self._add(self.weighted, layer, share, 1.0 / len(rows))
 
     @staticmethod
     def _add(store: dict, layer: int, value: torch.Tensor, weight: float) -> None:
@@ -102,8 +114,12 @@ class AttentionStats:
 
     def tables(self, n_layers: int) -> dict[str, torch.Tensor]:
         """{"gold": [batch, layer, head], "sink": [batch, layer, head]} (float32)."""
-        return {"gold": torch.stack([self.gold[i] for i in range(n_layers)], 1).float(),
-                "sink": torch.stack([self.sink[i] for i in range(n_layers)], 1).float()}
+        out = {"gold": torch.stack([self.gold[i] for i in range(n_layers)], 1).float(),
+               "sink": torch.stack([self.sink[i] for i in range(n_layers)], 1).float()}
+        if self.learned:  # float64: the baseline's ratio is taken against these
+            out.update(keys=torch.stack([self.keys[i] for i in range(n_layers)], 1),
+                       weighted=torch.stack([self.weighted[i] for i in range(n_layers)], 1))
+        return out
 
 
 def answer_scores(logits: torch.Tensor, n_prompt: int, answer_ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -201,6 +217,7 @@ def _outputs(per: list[dict[str, torch.Tensor]], metrics: Sequence[str],
     for i, d in enumerate(per):
         masked = {c: {m.split(":")[1]: v for m, v in d.items() if m.startswith(c + ":")} for c in ("sinks+window", "window")}
         outs.append(SweepOutput(metrics={m: d[m] for m in metrics}, gold_mass=d["gold"], sink_mass=d["sink"],
+                                keys_mass=d.get("keys"), keys_baseline=d.get("weighted"),
                                 masked={c: v for c, v in masked.items() if v},
                                 no_gold=no_gold[i] if i < len(no_gold) else {}))
     return outs
@@ -228,7 +245,8 @@ def run_decoder_sweeps(
         tokens = _stack(sweeps, batch, "tokens")  # [batch, pos]
         answer_ids = torch.stack([sweeps[i].answer_ids for i, _ in batch])  # [batch, n_answer]
         inputs = torch.cat([tokens, answer_ids[:, :-1]], 1)  # [batch, pos + n_answer - 1]
-        stats = AttentionStats(_stack(sweeps, batch, "gold_spans"), n_prompt, n_sink, causal=True, windows=windows)
+        stats = AttentionStats(_stack(sweeps, batch, "gold_spans"), n_prompt, n_sink, causal=True, windows=windows,
+                               learned_sinks=bool(getattr(model.facts, "learned_sinks", False)))
         # logits from the prompt's last position on: [batch, n_answer, vocab]
         logits = reduce_patterns(model, inputs, stats, query_positions=slice(0, n_prompt), logits_from=n_prompt - 1)
         res = {**answer_scores(logits, 1, answer_ids), **stats.tables(model.facts.n_layers)}

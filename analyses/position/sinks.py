@@ -84,12 +84,33 @@ def uniform_baseline(
     rows = (query_rows(n_q, n_sink, causal=causal, q_start=q_start) if rows is None else rows).double()
     if slopes is not None and causal:
         return float(first_key_share(slopes, rows, n_sink, window).mean())
-    visible = rows + 1 if causal else torch.full_like(rows, float(n_keys or n_q))
-    sinks_seen = torch.full_like(rows, float(n_sink))
-    if causal and window is not None:
+    if not causal:
+        return float(min(n_sink / float(n_keys or n_q), 1.0))
+    return float(row_shares(rows, n_sink, window).mean())
+
+
+def row_shares(rows: torch.Tensor, n_sink: int, window: int | None = None) -> torch.Tensor:
+    """Each causal query row's uniform share of the sinks [rows] (float64): the sinks it sees over the
+    min(q + 1, window) keys it sees (uniform_baseline's terms)."""
+    rows = rows.double()
+    visible, sinks_seen = rows + 1, torch.full_like(rows, float(n_sink))
+    if window is not None:
         visible = visible.clamp(max=window)
         sinks_seen = (n_sink - (rows - window + 1).clamp(min=0)).clamp(min=0)  # keys k < n_sink with k > q - window
-    return float((sinks_seen / visible).clamp(max=1.0).mean())
+    return (sinks_seen / visible).clamp(max=1.0)
+
+
+def keys_mass_sums(pattern: torch.Tensor, queries: torch.Tensor, rows: torch.Tensor, n_sink: int,
+                   window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a model with learned sinks (review 19b B1: a per-head sink logit takes part of each row, so a row's
+    weights over the keys sum to less than 1): on a chunk of query rows, [batch, head, c, k] weights of the query
+    positions `queries` [c] -> ([batch, head] the sum over those among `rows` of each row's mass over the keys,
+    [batch, head] the same sum of that mass x the row's uniform share, row_shares: the uniform baseline over the
+    mass that reaches the keys). Divide each by len(rows), as sink_mass_sum."""
+    keep = torch.isin(queries, rows.to(queries.device)).to(pattern.device)  # [c]
+    reach = pattern.sum(-1)[:, :, keep].double()  # [batch, head, c']
+    shares = row_shares(queries[keep.to(queries.device)].cpu(), n_sink, window).to(reach.device)  # [c']
+    return reach.sum(-1), (reach * shares).sum(-1)
 
 
 def streaming_keep(n_q: int, n_k: int, n_sink: int, window: int, *, keep_sinks: bool = True) -> torch.Tensor:
@@ -140,7 +161,8 @@ def distinct_inputs(tokens: list[torch.Tensor], rows: list[torch.Tensor]) -> tup
 
 
 def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor, flat: torch.Tensor | None = None,
-                groups: torch.Tensor | None = None, read: list[int] | None = None) -> list[dict[str, Any]]:
+                groups: torch.Tensor | None = None, read: list[int] | None = None,
+                keys: torch.Tensor | None = None) -> list[dict[str, Any]]:
     """Per layer, the sink mass over examples against the uniform share, with the one sink criterion
     the kv and position findings share. mass [examples, layer]: each example's mean (over heads and
     query rows) mass on the sinks; uniform [examples] (every layer alike) or [examples, layer] (each
@@ -153,7 +175,10 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor, flat: torch.Tensor | 
     (records before review 16cv B2 named the baseline "uniform" and the uniform share "flat": record_shares reads both).
     groups: [examples, layer] ints, examples that are copies of one input on that layer (distinct_inputs): the
     intervals are over the distinct inputs' means, "n_distinct" records how many, and with one there is no interval
-    (the ratio alone decides, as with one example); read: each layer's tokens the measured queries read, recorded."""
+    (the ratio alone decides, as with one example); read: each layer's tokens the measured queries read, recorded.
+    keys: [examples, layer], on a model with learned sinks, each example's mean mass over the keys (a row's sum; the
+    rest is the learned sink's): recorded as "keys_mass" with its interval "keys_ci" (review 19b B1); `uniform` is
+    then the uniform share of that mass (keys_mass_sums) and `flat` the plain uniform share."""
     mass, uniform = mass.double(), uniform.double()
     if uniform.dim() == 1:
         uniform = uniform[:, None].expand_as(mass)  # [examples, layer]
@@ -183,7 +208,9 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor, flat: torch.Tensor | 
         out.append({"layer": layer, "mass": m, "baseline": u, "ci": interval(dm) if k > 1 else None, "excess_ci": excess,
                     "ratio": ratio, "n": n, "sink": bool(ratio >= SINK_RATIO and (excess is None or excess[0] > 0)),
                     **({} if g is None else {"n_distinct": k}), **({} if read is None else {"read_tokens": read[layer]}),
-                    **({} if flat is None else {"uniform_share": float(flat[:, layer].double().mean())})})
+                    **({} if flat is None else {"uniform_share": float(flat[:, layer].double().mean())}),
+                    **({} if keys is None else {"keys_mass": float(keys[:, layer].double().mean()),
+                                                "keys_ci": interval(group_means(keys[:, layer].double(), g))})})
     return out
 
 
