@@ -561,6 +561,28 @@ def test_compare_position_says_which_side_has_no_result_not_a_metric_it_never_pl
                                                "0.05 of each other."]
 
 
+def test_compare_of_a_run_with_heads_against_one_without_names_what_b_lacks_and_does_not_crash(tmp_path):
+    """Review 19v A1: A with a heads section against B without one crashed compare ("The truth value of a DataFrame is
+    ambiguous": list.index(None) compared A's grid with ==); now A is drawn alone and the page says which sections B
+    lacks, and why (B was run with --analyses position,patching)."""
+    import shutil
+
+    _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "heads")
+    manifest = io.read_json(tmp_path / "b" / "manifest.json")
+    io.write_json(tmp_path / "b" / "manifest.json", {**manifest, "config": {**manifest["config"],
+                                                                            "analyses": ["position", "patching"]}})
+    page = compare_html(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    not_compared = html.unescape(page[page.index("id='not-compared'"):page.index("id='findings'")])
+    why = "not part of this run (not among its analyses)"
+    assert f"<li>Only A has heads: B has no result there ({why}).</li>" in not_compared
+    assert f"<li>Head importance: B has none ({why}); only the other run is drawn.</li>" in not_compared
+    assert "<img" in page[page.index("id='importance'"):]  # A's map is still drawn
+    page = compare_html(Run(tmp_path / "b"), Run(tmp_path / "a"))  # the other order, which worked before
+    assert "<li>Only B has heads: A has no result there (" in html.unescape(page)
+
+
 def test_compare_that_draws_both_runs_but_compares_nothing_says_so(tmp_path):
     """Review 11a A6 (cmp_minilm.html): every quantity under Not compared (each analysis ran on another task) while
     the importance and pruning panels still draw both runs side by side: "No difference above the thresholds" read
