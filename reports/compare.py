@@ -623,7 +623,7 @@ def compare_html(a: Run, b: Run, page: Path | None = None) -> str:
     figures, figure_notes = figures_section(a, b, names)
     notes += figure_notes
     differ = [n for n in notes if not n.startswith((SAME, NOT_COMPARED, ROUNDING))]
-    rounded = sorted((_plain(n) for n in notes if n.startswith(ROUNDING)), key=rounding_move, reverse=True)
+    rounded = [_plain(n) for n in sorted((n for n in notes if n.startswith(ROUNDING)), key=rounding_move, reverse=True)]
     refused = [_plain(n) for n in notes if n.startswith(NOT_COMPARED)]
     agreed = [_plain(n) for n in notes if n.startswith(SAME)]  # review 14b C1: listed, never dropped
     rows = "".join(f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{_finding_cell(r, name)}</td>" for r in (a, b)) + "</tr>"

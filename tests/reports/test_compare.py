@@ -2382,7 +2382,7 @@ def test_compare_sets_patchings_position_free_headlines_against_each_other_acros
         "two 95% CIs' combined half-widths): layer 0 A 1.00 [1.00, 1.00], B 1.00 [1.00, 1.00]; layer 1 A 0.001 "
         "[0.0002, 0.002], B 0.0003 [-0.0005, 0.001] (n 8 prompts each).") in notes, notes
     assert SAME + (
-        "path patching's largest path in size: L0H1 in both (A 0.06 [0.03, 0.09], B 0.07 [0.04, 0.10] of its run's "
+        "path patching's largest path in size: L0H1 in both (A 0.06 [0.03, 0.09], B 0.07 [0.04, 0.1] of its run's "
         "gap; n 8 prompts each) (within noise: |B - A| = 0.01 is inside the combined half-widths 0.06; 95% CIs A "
         "[0.03, 0.09], B [0.04, 0.1]).") in notes, notes
     # B's layer 1 at 0.065 / 13 = 0.005 [0.004, 0.006]: |B - A| = 0.004 past 0.0009 + 0.001; its top path another head
@@ -2393,7 +2393,7 @@ def test_compare_sets_patchings_position_free_headlines_against_each_other_acros
             "layer, as a share of each run's clean-corrupted gap with its 95% CI: beyond noise (|B - A| past the two 95% "
             "CIs' combined half-widths) in layer 1 A 0.001 [0.0002, 0.002], B 0.005 [0.004, 0.006]; within noise: layer "
             "0 A 1.00 [1.00, 1.00], B 1.00 [1.00, 1.00] (n 8 prompts each).") in notes, notes
-    assert ("path patching's largest path in size differs: A L0H1 0.06 [0.03, 0.09], B L0H0 0.07 [0.04, 0.10] of its "
+    assert ("path patching's largest path in size differs: A L0H1 0.06 [0.03, 0.09], B L0H0 0.07 [0.04, 0.1] of its "
             "run's gap (n 8 prompts each); A's summary does not list the other run's top path among its kept paths."
             ) in notes, notes
     # each run lists the other's top path inside its own top path's interval, and the reverse: tied, no difference
@@ -2402,6 +2402,13 @@ def test_compare_sets_patchings_position_free_headlines_against_each_other_acros
     write("e", 1, 6.5, {"effect": 0.0039, "share_ci": [-0.0005, 0.001]},
           [((0, 0), 0.91, [0.52, 1.3]), ((0, 1), 0.8, [0.5, 1.1])])
     notes = patching_section(Run(tmp_path / "d"), Run(tmp_path / "e"))[1]
-    assert SAME + ("path patching's largest path in size: A L0H1 0.06 [0.03, 0.09], B L0H0 0.07 [0.04, 0.10] of its "
+    assert SAME + ("path patching's largest path in size: A L0H1 0.06 [0.03, 0.09], B L0H0 0.07 [0.04, 0.1] of its "
                    "run's gap (n 8 prompts each): not a difference: in each run the two heads' paths are tied, each "
                    "inside the other's 95% interval, so which is the largest is not settled.") in notes, notes
+    # review 19v C4 (g2_compare_pk): shares 0.0549 and 0.0570 printed "A 0.05, B 0.06" beside |B - A| = 0.00211; by
+    # hand 0.6588 / 12 = 0.0549 [0.3948 / 12, 0.9228 / 12], 0.741 / 13 = 0.057 [0.5811 / 13, 0.9009 / 13]
+    write("f", 0, 6.0, {"effect": 0.012, "share_ci": [0.0002, 0.002]}, [((0, 1), 0.6588, [0.3948, 0.9228])])
+    write("g", 1, 6.5, {"effect": 0.0039, "share_ci": [-0.0005, 0.001]}, [((0, 1), 0.741, [0.5811, 0.9009])])
+    [path] = [n for n in patching_section(Run(tmp_path / "f"), Run(tmp_path / "g"))[1] if "largest path" in n]
+    assert path.startswith(SAME + "path patching's largest path in size: L0H1 in both (A 0.0549 [0.0329, 0.0769], B 0.057 "
+                           "[0.0447, 0.0693] of its run's gap; n 8 prompts each) (within noise: |B - A| = 0.0021 "), path
