@@ -460,8 +460,19 @@ def test_equal_prunable_counts_whose_verdicts_differ_are_a_difference_with_their
     note = pruning_notes(a, b)[0]
     assert note.startswith("Prunable within 1% by ablation (the ordering both heads findings lead with): A 50% (3 of 6 "
                            "heads), B 50% (3 of 6 heads): the same count, but the verdicts differ: A's count sits on its "
-                           "1% line (fragile: another sample of examples could move it), B's does not. A's 50% sits on "
+                           "1% line and its 95% bootstrap interval (1-5 heads) spans more than one count (fragile: "
+                           "another sample of examples could move it), B's does not sit on its 1% line. A's 50% sits on "
                            "its 1% line: the point at 3 heads removed is 9.91")
+    # review 19v C5: B's deciding point reaches its line too, but its bootstrap interval is one count: not "B's does
+    # not" (its own sentence then said "B's 50% sits close to its 1% line"), the interval that parts the verdicts
+    _heads_summary(tmp_path / "b", prunable_ci_ablation={"heads": 3.0, "interval_heads": [3, 3], "n_examples": 4,
+                                                         "line": line})
+    note = pruning_notes(a, b)[0]
+    assert ("the verdicts differ: A's count sits on its 1% line and its 95% bootstrap interval (1-5 heads) spans more "
+            "than one count (fragile: another sample of examples could move it); B's deciding point reaches its 1% line "
+            "too, but its 95% bootstrap interval is the single value 3 heads, so its count held in most resamples. "
+            "A's 50% sits on its 1% line") in note, note
+    assert "B's 50% sits close to its 1% line" in note and "B's does not" not in note
     # both on the line, both intervals clear of 0: one verdict, so the counts agree
     _heads_summary(tmp_path / "b", prunable_ci_ablation={"heads": 3.0, "interval_heads": [1, 5], "n_examples": 4,
                                                          "line": line})
