@@ -619,7 +619,8 @@ def test_rollout_does_better_only_where_the_holm_corrected_paired_test_passes():
     text = finding("attribution", s)
     assert (f"attention rollout does better (paired per example, rollout minus raw tau over 12 examples, Holm-corrected "
             f"over 2 references) against gradient x input (tau {roll['gradient'].mean():.2f} against raw "
-            f"{raw['gradient'].mean():.2f}; paired difference {g[1]:+.2f}, 95% CI [{g[2].low:+.2f}, {g[2].high:+.2f}], "
+            f"{raw['gradient'].mean():.2f}; paired difference {g[1]:+.2f}, uncorrected 95% CI [{g[2].low:+.2f}, "
+            f"{g[2].high:+.2f}], "
             f"Holm-corrected p = {s['rollout_vs_raw']['gradient']['p_holm']:.2g}), but not significantly against "
             f"leave-one-out") in text
     assert "tracks token importance" not in text
@@ -635,6 +636,16 @@ def test_rollout_does_better_only_where_the_holm_corrected_paired_test_passes():
     # the paired difference's sign decides too: a significant drop is not "better"
     worse = {**s, "rollout_vs_raw": {k: {**v, "mean": -abs(v["mean"])} for k, v in s["rollout_vs_raw"].items()}}
     assert "does better" not in finding("attribution", worse)
+    # review 19v B1 (Nemotron float32): an uncorrected interval clear of 0 whose Holm-corrected p (2 x 0.0275) fails
+    # was printed as "95% CI [+0.08, +0.68]" beside "not shown": now labelled uncorrected, and the two are reconciled
+    holm = {**s, "rollout_vs_raw": {**s["rollout_vs_raw"], "gradient": {"mean": 0.38, "n": 12, "ci": [0.08, 0.68],
+                                                                         "p": 0.0275, "p_holm": 0.055}}}
+    text = finding("attribution", holm)
+    assert ("Attention rollout is not shown to do better than raw last-layer attention after Holm's correction (paired "
+            "per example, rollout minus raw tau over 12 examples, Holm-corrected over 2 references): gradient x input "
+            f"(tau {roll['gradient'].mean():.2f} against raw {raw['gradient'].mean():.2f}; paired difference +0.38, "
+            "uncorrected 95% CI [+0.08, +0.68], Holm-corrected p = 0.055: the uncorrected interval excludes 0, but the "
+            "test does not pass after Holm's correction (p >= 0.05))") in text, text
 
 
 def test_patching_correlation_on_one_point_and_next_sites_that_are_one_residual_state():
