@@ -1555,7 +1555,7 @@ def test_kv_says_the_closest_budget_and_the_largest_budgets_fall_once():
     assert "no evidence that it is better" not in text and "closest at budget 16: as above" in text
     assert text.count("-10.0% (95% CI") == 1 and "1.00 logits below the full cache at budget 32" not in text
     assert ("window never (at 32, its largest budget that evicts, still more than 1% below the full cache: keeps 50.0% "
-            "of the full-cache value, -50.0% (95% CI [-50.0%, -50.0%], per example -5.00 to -5.00 logits, n = 4); on "
+            "of the full-cache value, -50.0% (95% CI [-50.0%, -50.0%], per example -5.00 logits, n = 4); on "
             "average it falls 5.00 logits below the full cache at budget 16 (95% CI [-5.00, -5.00], n = 4))") in text
 
 
@@ -1657,8 +1657,8 @@ def test_kv_a_bfloat16_bound_that_reaches_0_within_rounding_says_so():
     s = {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "dtype": "bfloat16",
          "holding_budgets": holding_budgets(_kv_sweep({4: pct}), n_sink=4)}
     assert (f"its 95% CI reaches 0 (its upper end, {ci.high:+.2f}%, lies within one bfloat16 rounding step of the "
-            "full-cache metric, 0.62%: rounding alone can put it either side of 0): not clearly below it at all") \
-        in finding("kv", s)
+            "full-cache mean, 0.62% of it (the spacing of bfloat16 numbers at 10: 0.0625 logits): rounding alone can "
+            "put it either side of 0): not clearly below it at all") in finding("kv", s)  # review 19v B2: its unit
     assert "rounding step" not in finding("kv", {**s, "dtype": "float32"})
 
 
