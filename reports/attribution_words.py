@@ -553,13 +553,22 @@ WEAK_TAU = 0.2  # |mean tau| under this: agreement is weak
 
 
 def _paired_words(entry: Mapping[str, Any] | None) -> str:
-    """'+0.21, 95% CI [+0.05, +0.38], Holm-corrected p = 0.03' from a rollout_vs_raw entry ('' without its test)."""
+    """'+0.21, uncorrected 95% CI [+0.05, +0.38], Holm-corrected p = 0.03' from a rollout_vs_raw entry ('' without its
+    test). Review 19v B1: the interval is the paired t test's own, not Holm's, so it is labelled uncorrected, and
+    where it excludes 0 while the corrected p does not pass, that is said: "[+0.08, +0.68]" beside "not shown" read as
+    a contradiction."""
+    from headscope.reports.findings import ci_words
+
     if not isinstance(entry, Mapping):
         return ""
     mean, p, ci = _num(entry.get("mean")), _num(entry.get("p_holm")), ci_pair(entry.get("ci"))
     if mean is None or p is None or ci is None:
         return ""
-    return f"{mean:+.2f}{_ci(ci, '+.2f')}, Holm-corrected p = {p:.2g}"
+    said = f"{mean:+.2f}, uncorrected {ci_words(ci, '+.2f')}, Holm-corrected p = {p:.2g}"
+    if (ci[0] > 0 or ci[1] < 0) and p >= chance.ALPHA:
+        said += (f": the uncorrected interval excludes 0, but the test does not pass after Holm's correction "
+                 f"(p >= {chance.ALPHA:g})")
+    return said
 
 
 def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: Mapping[str, float],
@@ -605,7 +614,7 @@ def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: 
         return (said + (f". Raw tau's 95% CIs reach up to {max(top):.2f}" if top else ". Raw tau has no interval")
                 + ", so these examples do not show that the last layer's raw weights fail to track token importance.")
     words = ("Attention rollout is not shown to do better than raw last-layer attention"
-             + (f" ({how})" if how else "") + ": " + ", ".join(not_better) + ".") if not_better else ""
+             + (f" after Holm's correction ({how})" if how else "") + ": " + ", ".join(not_better) + ".") if not_better else ""
     if rollout and max(rollout.values()) >= WEAK_TAU:
         return words
     return (words + " " if words else "") + ("Agreement is weak" + (f" for rollout too ({spread})" if rollout else "")

@@ -564,6 +564,21 @@ def failed_notes(a: Run, b: Run, names: list[str]) -> list[str]:
     return notes
 
 
+def one_sided_notes(a: Run, b: Run, names: list[str]) -> list[str]:
+    """Review 19v A1: the analyses with a result in one run only, one line per side and reason ("Only A has heads,
+    position: B has no result there (not part of this run (not among its analyses))."), so the page says which
+    sections a side lacks, and why, before each section's own note."""
+    notes = []
+    for side, run, other_side, other in (("A", a, "B", b), ("B", b, "A", a)):
+        lacking: dict[str, list[str]] = {}
+        for name in names:
+            if run.summary(name) is not None and other.summary(name) is None:
+                lacking.setdefault(other.why_blank(name).rstrip("."), []).append(name)
+        notes += [NOT_COMPARED + f"Only {side} has {', '.join(found)}: {other_side} has no result there ({why})."
+                  for why, found in lacking.items()]
+    return notes
+
+
 def _plain(note: str) -> str:
     return note.removeprefix(SAME).removeprefix(NOT_COMPARED).removeprefix(ROUNDING)
 
@@ -604,11 +619,11 @@ def compare_html(a: Run, b: Run, page: Path | None = None) -> str:
             blocks.append(f"<h2 id='{anchor}'>{escape(title)}</h2>" + body
                           + "".join(f"<p class='finding'>{escape(_plain(n))}</p>" for n in found))
     notes += headline_notes(a, b)
-    notes += failed_notes(a, b, names)
+    notes = one_sided_notes(a, b, names) + notes + failed_notes(a, b, names)
     figures, figure_notes = figures_section(a, b, names)
     notes += figure_notes
     differ = [n for n in notes if not n.startswith((SAME, NOT_COMPARED, ROUNDING))]
-    rounded = sorted((_plain(n) for n in notes if n.startswith(ROUNDING)), key=rounding_move, reverse=True)
+    rounded = [_plain(n) for n in sorted((n for n in notes if n.startswith(ROUNDING)), key=rounding_move, reverse=True)]
     refused = [_plain(n) for n in notes if n.startswith(NOT_COMPARED)]
     agreed = [_plain(n) for n in notes if n.startswith(SAME)]  # review 14b C1: listed, never dropped
     rows = "".join(f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{_finding_cell(r, name)}</td>" for r in (a, b)) + "</tr>"

@@ -291,9 +291,9 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
         notes.append(NOT_COMPARED + f"Head importance: A shows {whats[0]}, B {whats[1]}; different quantities, no "
                      "cell-by-cell difference.")
     elif any(g is None for g in grids):
-        side = SIDES[grids.index(None)]
-        notes.append(NOT_COMPARED + f"Head importance: {side} has none (no heads/results.csv with an importance column); "
-                     "only the other run is drawn.")
+        side, run = next((sd, r) for sd, r, g in zip(SIDES, (a, b), grids) if g is None)  # `is`: a grid is a DataFrame
+        why = run.why_blank("heads") if run.summary("heads") is None else "no heads/results.csv with an importance column"
+        notes.append(NOT_COMPARED + f"Head importance: {side} has none ({why}); only the other run is drawn.")
     elif all(g is not None for g in grids):
         notes.append(NOT_COMPARED + f"Head importance: the models differ in shape ({grids[0].shape[0]}x{grids[0].shape[1]} "
                      f"vs {grids[1].shape[0]}x{grids[1].shape[1]} layers x heads); no cell-by-cell difference.")

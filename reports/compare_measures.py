@@ -202,7 +202,7 @@ def _rounded_layers(label: str, ra: dict, rb: dict, value: str, n: str, rounding
     intervals while the page's other rows said those do not judge a rounding difference): the same in every layer,
     equal at the shown 2 decimals (SAME, with the digits that show the move), or a ROUNDING note with the largest
     |B - A|; never a sampling verdict."""
-    from headscope.reports.compare_run import ROUNDING
+    from headscope.reports.compare_run import rounding_text
     from headscope.reports.patching_words import distinct_pair
 
     low, dtypes = rounding
@@ -217,9 +217,10 @@ def _rounded_layers(label: str, ra: dict, rb: dict, value: str, n: str, rounding
         return [SAME + f"{label}: equal in every layer at the shown precision (2 decimals), moved below it by {low}'s "
                 f"rounding (one model on the same prompts in two dtypes, {dtypes}; largest |B - A| {diffs[top]:.2g}, "
                 f"layer {top}): " + "; ".join(f"layer {k} A {shown[k][0]}, B {shown[k][1]}" for k in layers) + f" ({n})."]
-    return [ROUNDING + f"{label}: layer {top} moved most: A {ra[top][value]:.3g}, B {rb[top][value]:.3g}, "
-            f"|B - A| = {diffs[top]:.3g}; every layer: "
-            + "; ".join(f"layer {k} A {ra[k][value]:.2f}, B {rb[k][value]:.2f}" for k in layers) + f" ({n})."]
+    return [rounding_text(f"{label}: layer {top} moved most: A {ra[top][value]:.3g}, B {rb[top][value]:.3g}, "
+                          f"|B - A| = {diffs[top]:.3g}; every layer: "
+                          + "; ".join(f"layer {k} A {ra[k][value]:.2f}, B {rb[k][value]:.2f}" for k in layers)
+                          + f" ({n}).", ra[top][value], rb[top][value])]
 
 
 def _layers_note(label: str, ra: dict, rb: dict, value: str, unit: str, differ: str,

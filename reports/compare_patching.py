@@ -17,16 +17,17 @@ from typing import Any
 
 from headscope.reports.compare_run import (
     NOT_COMPARED,
-    ROUNDING,
     SAME,
     SIDES,
     _number,
     dtype_step,
     layers_by_noise,
     noise_verdict,
+    rounding_text,
 )
 from headscope.reports.patching_aligned import RESIDUAL_ORDER, _fine, _token_words
 from headscope.reports.patching_sites import share, tied
+from headscope.reports.patching_words import distinct_pair
 
 Floor = "tuple[float, str] | None"  # compare.comparison_floor: the coarser run's rounding floor of the metric
 
@@ -45,8 +46,12 @@ def _aligned_rows(s: Mapping[str, Any]) -> dict[str, dict[int, Mapping[str, Any]
     return out
 
 
-def _said(value: float, ci: tuple | None) -> str:
-    return _fine(value) + (f" [{_fine(ci[0])}, {_fine(ci[1])}]" if ci else "")
+def _said(value: float, ci: tuple | None, shown: str | None = None) -> str:
+    """A share with its 95% CI, to 2 decimals (patching_aligned._fine); with `shown` (the value as a pair's
+    distinct_pair prints it) that value and its CI to 3 significant figures."""
+    if shown is None:
+        return _fine(value) + (f" [{_fine(ci[0])}, {_fine(ci[1])}]" if ci else "")
+    return shown + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
 
 
 def _n(rows: list[Mapping[str, Any]]) -> str:
@@ -89,9 +94,9 @@ def corrupted_token_notes(sums: list[Mapping[str, Any]], gaps: list, floor: Any,
         if all(ea == eb for _, ea, eb, _, _ in moved):
             return [SAME + f"{label}: the same in every layer in both dtypes ({rounding.dtypes}): {listed}{unit} ({n})."]
         k, ea, eb, step, words = max(moved, key=lambda m: abs(m[2] - m[1]))
-        return [ROUNDING + f"{label}: layer {k} moved most: A {ea:.3g}, B {eb:.3g}, |B - A| = {abs(eb - ea):.3g}{unit}, "
-                f"within {rounding.low}'s rounding step there ({step:.3g}: {words}), as every layer; every layer: "
-                f"{listed} ({n})."]
+        return [rounding_text(f"{label}: layer {k} moved most: A {ea:.3g}, B {eb:.3g}, |B - A| = {abs(eb - ea):.3g}"
+                              f"{unit}, within {rounding.low}'s rounding step there ({step:.3g}: {words}), as every "
+                              f"layer; every layer: {listed} ({n}).", ea, eb)]
     shares = []
     for k in layers:
         said = [share(r[k], gap, bool(s.get("normalized"))) for r, gap, s in zip((ra, rb), gaps, sums)]
@@ -145,7 +150,9 @@ def path_notes(sums: list[Mapping[str, Any]], gaps: list, floor: Any, rounding: 
     tops = [rows[0] for rows in paths]
     norm = [bool(s.get("normalized")) for s in sums]
     said = [share(t, gap, nm) for t, gap, nm in zip(tops, gaps, norm)]
-    text = [f"{_head(t)} {_said(x[0], x[1])}" if x else f"{_head(t)} {float(t['effect']):+.3g}" for t, x in zip(tops, said)]
+    shown = distinct_pair(said[0][0], said[1][0]) if all(said) else (None, None)  # review 19v C4: 0.0549 and 0.0570
+    text = [f"{_head(t)} {_said(x[0], x[1], d)}" if x else f"{_head(t)} {float(t['effect']):+.3g}"  # read 0.05, 0.06
+            for t, x, d in zip(tops, said, shown)]
     n = _n(tops)
     unit = " of its run's gap" if all(said) and all(gaps) else ""
     if _key(tops[0]) == _key(tops[1]):
@@ -157,9 +164,9 @@ def path_notes(sums: list[Mapping[str, Any]], gaps: list, floor: Any, rounding: 
                 return [SAME + f"{label}: {_head(tops[0])} in both, the same in both dtypes ({rounding.dtypes}): "
                         f"{text[0]}{unit} ({n})."]
             if abs(eb - ea) <= step:
-                return [ROUNDING + f"{label} ({_head(tops[0])} in both): A {ea:.3g}, B {eb:.3g}, |B - A| = "
-                        f"{abs(eb - ea):.3g}{rounding.unit} ({n}); within {rounding.low}'s rounding step here ({step:.3g}: "
-                        f"{words})."]
+                return [rounding_text(f"{label} ({_head(tops[0])} in both): A {ea:.3g}, B {eb:.3g}, |B - A| = "
+                                      f"{abs(eb - ea):.3g}{rounding.unit} ({n}); within {rounding.low}'s rounding step "
+                                      f"here ({step:.3g}: {words}).", ea, eb)]
             return [f"{label}: {_head(tops[0])} in both (A {text[0]}, B {text[1]}{unit}; {n}); beyond rounding: |B - A| = "
                     f"{abs(eb - ea):.3g}{rounding.unit}, more than {rounding.low}'s step here ({step:.3g}: {words}): the "
                     "precision changes the computation here, not only its rounding."]

@@ -15,7 +15,7 @@ from typing import Any
 from headscope.reports.compare_run import SIDES, Run, _number, dtype_of, precision_only
 from headscope.reports.findings import and_join, ci_pair
 from headscope.reports.heads_words import start_of_order
-from headscope.reports.pruning_words import heads_span
+from headscope.reports.pruning_words import heads_span, line_name
 
 ABLATION_METHODS = ("zero", "mean", "resample")  # the ablation order ranks by one of these (its summary keys' suffix)
 
@@ -128,10 +128,21 @@ def verdict_words(a: Run, b: Run, ordering: str, fractions: tuple[float, float],
         if swapped or ties:
             part += "; which goes first is not settled, and the interval's low end can depend on it"
         parts.append(part)
-    if fragile[0] != fragile[1]:
+    if fragile[0] != fragile[1]:  # review 19v C5: why, from the numbers ("B's does not" read as B off its line)
+        from headscope.reports.compare_pruning import on_the_line
+
         yes, no = (0, 1) if fragile[0] else (1, 0)
-        parts.append(f"{SIDES[yes]}'s count sits on its 1% line (fragile: another sample of examples could move it), "
-                     f"{SIDES[no]}'s does not")
+        ci = [interval_heads(s, ordering) for s in sums]
+        names = [line_name(s) for s in sums]
+        spread = f" and its 95% bootstrap interval ({heads_span(*ci[yes])}) spans more than one count" if ci[yes] else ""
+        part = f"{SIDES[yes]}'s count sits on its {names[yes]}{spread} (fragile: another sample of examples could move it)"
+        if on_the_line((a, b)[no], ordering, fractions[no]) and ci[no] is not None and ci[no][0] == ci[no][1]:
+            part += (f"; {SIDES[no]}'s deciding point reaches its {names[no]} too, but its 95% bootstrap interval is the "
+                     f"single value {heads_span(*ci[no]).removesuffix(', a single value')}, so its count held in most "
+                     "resamples")
+        else:
+            part += f", {SIDES[no]}'s does not sit on its {names[no]}"
+        parts.append(part)
     return "" if not parts else "the verdicts differ: " + "; ".join(parts)
 
 

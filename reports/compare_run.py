@@ -595,19 +595,27 @@ def rounding_note(a: Run, b: Run, name: str, label: str, va: float, vb: float, n
     if f"{va:.3g}" == f"{vb:.3g}":
         return (SAME + f"{label}: A {shown[0]}, B {shown[1]} ({n}): equal at the shown precision (3 significant "
                 f"figures), moved below it by {low}'s rounding{step}.")
-    return ROUNDING + f"{label}: A {va:.3g}, B {vb:.3g}, |B - A| = {abs(vb - va):.3g} ({n}){step}."
+    return rounding_text(f"{label}: A {va:.3g}, B {vb:.3g}, |B - A| = {abs(vb - va):.3g} ({n}){step}.", va, vb)
+
+
+class RoundingNote(str):
+    """A ROUNDING note with the numbers it compares, `move` = |B - A| / max(|A|, |B|) (review 19v C2: the page
+    sorted its rounding group by parsing the notes' 3-digit text, so A 18.4, B 18.4 read as no move)."""
+
+    move: float
+
+
+def rounding_text(text: str, va: float, vb: float) -> RoundingNote:
+    """ROUNDING + `text`, carrying the relative move of the unrounded values `va` and `vb`."""
+    note = RoundingNote(ROUNDING + text)
+    note.move = abs(vb - va) / max(abs(va), abs(vb), 1e-300)
+    return note
 
 
 def rounding_move(note: str) -> float:
-    """A ROUNDING note's relative move |B - A| / max(|A|, |B|), from its words (the page lists the largest first)."""
-    import re
-
-    found = re.search(r": A (\S+), B (\S+), \|B - A\| = ", note)
-    try:
-        va, vb = (float(x) for x in found.groups()) if found else (0.0, 0.0)
-    except ValueError:
-        return 0.0
-    return abs(vb - va) / max(abs(va), abs(vb), 1e-12)
+    """A ROUNDING note's relative move |B - A| / max(|A|, |B|), carried by the note (rounding_text); the page lists
+    the largest first. A note built without its numbers sorts last (-1)."""
+    return float(getattr(note, "move", -1.0))
 
 
 def rounding_dtypes(a: Run, b: Run, name: str) -> tuple[str, str] | None:

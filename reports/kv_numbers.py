@@ -58,7 +58,7 @@ def _diff_band(row: Mapping[str, Any]) -> str:
     digits = max(0, 2 - math.floor(math.log10(top))) if top > 0 and math.isfinite(top) else 2
     inner = [f"95% CI [{ends[1]:+.{digits}f}, {ends[2]:+.{digits}f}]"] if len(ends) == 3 else []
     if _num(row.get("per_example_diff_low")) is not None:
-        inner.append(f"per example {_span_units(row['per_example_diff_low'], row['per_example_diff_high'])}")
+        inner.append(_per_example(row))
     return f"{row['diff']:+.{digits}f} {unit} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
 
 
@@ -75,8 +75,16 @@ def _band(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:
         inner.append(f"95% CI [{_pc(row['ci_low'], tol)}, {_pc(row['ci_high'], tol)}]")
     if _num(row.get("per_example_diff_low")) is not None:
         unit = row.get("unit") or "in the metric's units"
-        inner.append(f"per example {_span_units(row['per_example_diff_low'], row['per_example_diff_high'])} {unit}")
+        inner.append(f"{_per_example(row)} {unit}")
     return f"{_pc(row['change'], tol)}{row.get('of') or ''} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
+
+
+def _per_example(row: Mapping[str, Any]) -> str:
+    """'per example -6.06 to +1.50', or 'per example -0.00267' where the two ends are one value (review 19v C3: n = 1
+    printed '-0.00267 to -0.00267')."""
+    lo, hi = float(row["per_example_diff_low"]), float(row["per_example_diff_high"])
+    span = _span_units(lo, hi)
+    return f"per example {span.split(' to ')[0] if lo == hi else span}"
 
 
 def _span_units(lo: float, hi: float) -> str:
@@ -115,11 +123,13 @@ def _rounding(s: Mapping[str, Any], bound: Any, end: str) -> str:
     eps = _eps(str(s.get("dtype") or "").removeprefix("torch."))
     if full is None or b is None or eps is None or full == 0:
         return ""
-    step = eps * 2.0 ** math.floor(math.log2(abs(full))) / abs(full)  # the float spacing at |full|, relative
+    spacing = eps * 2.0 ** math.floor(math.log2(abs(full)))  # the float spacing at |full|, in the metric's units
+    step = spacing / abs(full)  # relative
     if abs(b) > step:
         return ""
-    return (f"its {end} end, {100 * b:+.2f}%, lies within one {s['dtype']} rounding step of the full-cache metric, "
-            f"{100 * step:.2g}%: rounding alone can put it either side of 0")
+    return (f"its {end} end, {100 * b:+.2f}%, lies within one {s['dtype']} rounding step of the full-cache mean, "
+            f"{100 * step:.2g}% of it (the spacing of {s['dtype']} numbers at {abs(full):.3g}: {spacing:.3g} {_unit(s)}): "
+            "rounding alone can put it either side of 0")
 
 
 def _full_value(s: Mapping[str, Any], full: float) -> str:
@@ -162,8 +172,10 @@ def _coarse_why(row: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> s
     if band:
         size = (f", {step / band:.2g} times the band there, {band:.2g}" if step > band else
                 f", {100 * step / band:.0f}% of the band there, {band:.2g}")
-    return (f"its 95% CI passes the band by {miss:.2g} {unit}, less than one {dtype} rounding step of the metric "
-            f"({step:.2g} {unit}{size}): cannot tell at this precision")
+    eps = _eps(str(dtype).removeprefix("torch."))  # review 19v B2: the step at the largest value (analysis.py's
+    largest = f"eps {eps:.2g} x {step / eps:.3g} = " if eps and step > eps * 1.0001 else ""  # noise_floor), not the mean's
+    return (f"its 95% CI passes the band by {miss:.2g} {unit}, less than one {dtype} rounding step of the metric at its "
+            f"largest full-cache value ({largest}{step:.2g} {unit}{size}): cannot tell at this precision")
 
 
 def _coarse_note(name: str, rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any]) -> str:

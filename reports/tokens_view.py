@@ -122,6 +122,7 @@ def _result_tokens(result: Any, *, example: int | None, methods: Sequence[str] |
 
     summary = getattr(result, "summary", None)
     unused = IG_METHOD if not ig_use(summary if isinstance(summary, dict) else {}).keeps(example) else None
+    rounding = rounding_marks(summary if isinstance(summary, dict) else {}, result.tables, example)
     first = one[one["method"] == one["method"].iloc[0]].sort_values("position")
     positions, tokens = list(first["position"]), [str(t) for t in first["token"]]  # every token of the example
     rows = []
@@ -132,14 +133,37 @@ def _result_tokens(result: Any, *, example: int | None, methods: Sequence[str] |
             raise ConfigError(f"no scores by {method!r}; this result has {present}.")
         by = dict(zip(part["position"], part["score"]))
         values = np.array([by.get(p, np.nan) for p in positions], dtype=float)  # [pos]: NaN where not scored
-        label = RANKED_LABELS.get(method, method) + (" *" if method == unused else "")
+        label = RANKED_LABELS.get(method, method) + (" *" if method == unused or method in rounding else "")
         rows.append(_score_row(tokens, values, label))
-    note = ("<div style='font: 11px sans-serif'>* integrated gradients missed completeness on this example: used in "
-            "no claim.</div>" if unused in methods else "")
+    notes = (["* integrated gradients missed completeness on this example: used in no claim."] if unused in methods
+             else []) + [rounding[m] for m in methods if m in rounding]
+    note = "".join(f"<div style='font: 11px sans-serif'>{escape(n)}</div>" for n in notes)
     html = (f"<table style='border-collapse: separate; border-spacing: 2px 3px; font-family: monospace'>{''.join(rows)}"
             f"</table>{note}{SCALE}")
     text = f"TokenView(example {example}: {', '.join(methods)})"
     return HTMLView("<div class='headscope-tokens'>" + html + "</div>", text)
+
+
+ROUNDED = {"grad_x_input": ("gradient_rounding", "gradient x input"), "leave_one_out": ("loo_rounding", "leave-one-out")}
+
+
+def rounding_marks(summary: dict, tables: dict, example: int) -> dict[str, str]:
+    """Review 19v C1: the methods whose scores the analysis finds mostly within their rounding floor (the summary's
+    gradient_rounding / loo_rounding ranks_rounding: the report leaves them out of its claims), each with its legend
+    line: how many scores over all examples and on this one (the per-example table) are ties."""
+    marks = {}
+    for method, (key, words) in ROUNDED.items():
+        entry = summary.get(key)
+        if not isinstance(entry, dict) or not entry.get("ranks_rounding"):
+            continue
+        rows = tables.get(key)
+        rows = rows[rows["example"] == example] if rows is not None and "example" in rows else None
+        here = (f" (this example: {int(rows.n_within_floor.sum())} of {int(rows.n_scores.sum())})"
+                if rows is not None and len(rows) else "")
+        marks[method] = (f"* {words}: {entry.get('n_within')} of {entry.get('n_scores')} of its scores over all examples "
+                         f"are within their {entry.get('dtype')} rounding floor{here} and count as ties, so its ranking "
+                         "would rank rounding: used in no claim.")
+    return marks
 
 
 SCALE = ("<div style='font: 11px sans-serif'>Colour: red positive, blue negative, opacity |score| / the row's largest "

@@ -336,7 +336,7 @@ def test_a_one_prompt_budget_neither_makes_nor_breaks_a_verdict():
     text = finding({"metric": "logit_diff", "metric_unevicted": 10.0, "n_sink": 4, "holding_budgets": hold})
     assert ("heavy hitters not shown to hold (at 16: +0.0%, 95% CI [-7.5%, +7.5%], per example -0.300 to +0.300 logits, "
             "n = 3: consistent with holding within 1%, but the interval is 7 times as wide as the band; at budget 32 it "
-            "evicts from one prompt only (-78.4%, per example -7.84 to -7.84 logits, n = 1): too few to say, so it "
+            "evicts from one prompt only (-78.4%, per example -7.84 logits, n = 1): too few to say, so it "
             "neither makes nor breaks the verdict)") in text, text
 
 
@@ -385,7 +385,8 @@ def test_holding_allows_the_metrics_rounding_floor_past_the_band():
                           "holding_budgets": holding_budgets(sweep, n_sink=1, floor=bf16)})
     assert "heavy hitters from 24 positions" in text and "counted as within" not in text, text
     assert (f"Heavy hitters at budget 16: its 95% CI passes the band by {miss:.2g} logits, less than one bfloat16 rounding "
-            "step of the metric (0.062 logits, 78% of the band there, 0.08): cannot tell at this precision.") in text, text
+            "step of the metric at its largest full-cache value (eps 0.0078 x 8 = 0.062 logits, 78% of the band there, "
+            "0.08): cannot tell at this precision.") in text, text
 
     # review 13b C1: where the verdict's own budget holds by rounding, its sentence leads with it (the criterion
     # names the allowance, the reason sits inside the verdict's parenthesis), and compare's flip says why

@@ -110,7 +110,7 @@ def test_kv_a_budget_that_evicts_from_one_prompt_cannot_tell():
     assert ("window not within from any budget on (at 8, its largest budget that evicts from 2 prompts or more, still "
             "more than 1% below the full cache: keeps 90.0% of the full-cache value, -10.0% (95% CI [-11.3%, -8.7%], per "
             "example -1.10 to -0.90 logits, n = 4); on average it falls 1.00 logits below the full cache at budget 4 (95% "
-            "CI [-1.00, -1.00], n = 4); at budget 32 it evicts from one prompt only (+2.0%, per example +0.200 to +0.200 "
+            "CI [-1.00, -1.00], n = 4); at budget 32 it evicts from one prompt only (+2.0%, per example +0.200 "
             "logits, n = 1): too few to say, so it neither makes nor breaks the verdict)") in text, text
     ci8 = stats.ttest_1samp([-1.0, -0.9, -1.1, -1.0], 0.0).confidence_interval(0.95)  # budget 8's, by hand, in %
     assert (f"{10 * ci8.low:.1f}%", f"{10 * ci8.high:.1f}%") == ("-11.3%", "-8.7%")

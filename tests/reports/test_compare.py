@@ -460,8 +460,19 @@ def test_equal_prunable_counts_whose_verdicts_differ_are_a_difference_with_their
     note = pruning_notes(a, b)[0]
     assert note.startswith("Prunable within 1% by ablation (the ordering both heads findings lead with): A 50% (3 of 6 "
                            "heads), B 50% (3 of 6 heads): the same count, but the verdicts differ: A's count sits on its "
-                           "1% line (fragile: another sample of examples could move it), B's does not. A's 50% sits on "
+                           "1% line and its 95% bootstrap interval (1-5 heads) spans more than one count (fragile: "
+                           "another sample of examples could move it), B's does not sit on its 1% line. A's 50% sits on "
                            "its 1% line: the point at 3 heads removed is 9.91")
+    # review 19v C5: B's deciding point reaches its line too, but its bootstrap interval is one count: not "B's does
+    # not" (its own sentence then said "B's 50% sits close to its 1% line"), the interval that parts the verdicts
+    _heads_summary(tmp_path / "b", prunable_ci_ablation={"heads": 3.0, "interval_heads": [3, 3], "n_examples": 4,
+                                                         "line": line})
+    note = pruning_notes(a, b)[0]
+    assert ("the verdicts differ: A's count sits on its 1% line and its 95% bootstrap interval (1-5 heads) spans more "
+            "than one count (fragile: another sample of examples could move it); B's deciding point reaches its 1% line "
+            "too, but its 95% bootstrap interval is the single value 3 heads, so its count held in most resamples. "
+            "A's 50% sits on its 1% line") in note, note
+    assert "B's 50% sits close to its 1% line" in note and "B's does not" not in note
     # both on the line, both intervals clear of 0: one verdict, so the counts agree
     _heads_summary(tmp_path / "b", prunable_ci_ablation={"heads": 3.0, "interval_heads": [1, 5], "n_examples": 4,
                                                          "line": line})
@@ -559,6 +570,28 @@ def test_compare_position_says_which_side_has_no_result_not_a_metric_it_never_pl
     body, notes = position_section(Run(tmp_path / "c"), Run(tmp_path / "d"))
     assert "<img" in body and notes == [SAME + "Middle/ends ratio of accuracy (the metric plotted): A 0.67, B 0.67, within "
                                                "0.05 of each other."]
+
+
+def test_compare_of_a_run_with_heads_against_one_without_names_what_b_lacks_and_does_not_crash(tmp_path):
+    """Review 19v A1: A with a heads section against B without one crashed compare ("The truth value of a DataFrame is
+    ambiguous": list.index(None) compared A's grid with ==); now A is drawn alone and the page says which sections B
+    lacks, and why (B was run with --analyses position,patching)."""
+    import shutil
+
+    _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "heads")
+    manifest = io.read_json(tmp_path / "b" / "manifest.json")
+    io.write_json(tmp_path / "b" / "manifest.json", {**manifest, "config": {**manifest["config"],
+                                                                            "analyses": ["position", "patching"]}})
+    page = compare_html(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    not_compared = html.unescape(page[page.index("id='not-compared'"):page.index("id='findings'")])
+    why = "not part of this run (not among its analyses)"
+    assert f"<li>Only A has heads: B has no result there ({why}).</li>" in not_compared
+    assert f"<li>Head importance: B has none ({why}); only the other run is drawn.</li>" in not_compared
+    assert "<img" in page[page.index("id='importance'"):]  # A's map is still drawn
+    page = compare_html(Run(tmp_path / "b"), Run(tmp_path / "a"))  # the other order, which worked before
+    assert "<li>Only B has heads: A has no result there (" in html.unescape(page)
 
 
 def test_compare_that_draws_both_runs_but_compares_nothing_says_so(tmp_path):
@@ -2360,7 +2393,7 @@ def test_compare_sets_patchings_position_free_headlines_against_each_other_acros
         "two 95% CIs' combined half-widths): layer 0 A 1.00 [1.00, 1.00], B 1.00 [1.00, 1.00]; layer 1 A 0.001 "
         "[0.0002, 0.002], B 0.0003 [-0.0005, 0.001] (n 8 prompts each).") in notes, notes
     assert SAME + (
-        "path patching's largest path in size: L0H1 in both (A 0.06 [0.03, 0.09], B 0.07 [0.04, 0.10] of its run's "
+        "path patching's largest path in size: L0H1 in both (A 0.06 [0.03, 0.09], B 0.07 [0.04, 0.1] of its run's "
         "gap; n 8 prompts each) (within noise: |B - A| = 0.01 is inside the combined half-widths 0.06; 95% CIs A "
         "[0.03, 0.09], B [0.04, 0.1]).") in notes, notes
     # B's layer 1 at 0.065 / 13 = 0.005 [0.004, 0.006]: |B - A| = 0.004 past 0.0009 + 0.001; its top path another head
@@ -2371,7 +2404,7 @@ def test_compare_sets_patchings_position_free_headlines_against_each_other_acros
             "layer, as a share of each run's clean-corrupted gap with its 95% CI: beyond noise (|B - A| past the two 95% "
             "CIs' combined half-widths) in layer 1 A 0.001 [0.0002, 0.002], B 0.005 [0.004, 0.006]; within noise: layer "
             "0 A 1.00 [1.00, 1.00], B 1.00 [1.00, 1.00] (n 8 prompts each).") in notes, notes
-    assert ("path patching's largest path in size differs: A L0H1 0.06 [0.03, 0.09], B L0H0 0.07 [0.04, 0.10] of its "
+    assert ("path patching's largest path in size differs: A L0H1 0.06 [0.03, 0.09], B L0H0 0.07 [0.04, 0.1] of its "
             "run's gap (n 8 prompts each); A's summary does not list the other run's top path among its kept paths."
             ) in notes, notes
     # each run lists the other's top path inside its own top path's interval, and the reverse: tied, no difference
@@ -2380,6 +2413,13 @@ def test_compare_sets_patchings_position_free_headlines_against_each_other_acros
     write("e", 1, 6.5, {"effect": 0.0039, "share_ci": [-0.0005, 0.001]},
           [((0, 0), 0.91, [0.52, 1.3]), ((0, 1), 0.8, [0.5, 1.1])])
     notes = patching_section(Run(tmp_path / "d"), Run(tmp_path / "e"))[1]
-    assert SAME + ("path patching's largest path in size: A L0H1 0.06 [0.03, 0.09], B L0H0 0.07 [0.04, 0.10] of its "
+    assert SAME + ("path patching's largest path in size: A L0H1 0.06 [0.03, 0.09], B L0H0 0.07 [0.04, 0.1] of its "
                    "run's gap (n 8 prompts each): not a difference: in each run the two heads' paths are tied, each "
                    "inside the other's 95% interval, so which is the largest is not settled.") in notes, notes
+    # review 19v C4 (g2_compare_pk): shares 0.0549 and 0.0570 printed "A 0.05, B 0.06" beside |B - A| = 0.00211; by
+    # hand 0.6588 / 12 = 0.0549 [0.3948 / 12, 0.9228 / 12], 0.741 / 13 = 0.057 [0.5811 / 13, 0.9009 / 13]
+    write("f", 0, 6.0, {"effect": 0.012, "share_ci": [0.0002, 0.002]}, [((0, 1), 0.6588, [0.3948, 0.9228])])
+    write("g", 1, 6.5, {"effect": 0.0039, "share_ci": [-0.0005, 0.001]}, [((0, 1), 0.741, [0.5811, 0.9009])])
+    [path] = [n for n in patching_section(Run(tmp_path / "f"), Run(tmp_path / "g"))[1] if "largest path" in n]
+    assert path.startswith(SAME + "path patching's largest path in size: L0H1 in both (A 0.0549 [0.0329, 0.0769], B 0.057 "
+                           "[0.0447, 0.0693] of its run's gap; n 8 prompts each) (within noise: |B - A| = 0.0021 "), path

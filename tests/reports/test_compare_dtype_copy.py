@@ -680,3 +680,32 @@ def test_patching_at_the_corrupted_token_of_a_dtype_pair_is_judged_by_the_roundi
             "(0.0156: the runs' rounding floor; one bfloat16 step at 0.3 is 0.00195): the precision changes the "
             "computation here, not only its rounding; every layer: layer 0 A 8.24, B 8.22; layer 1 A 0.1, B 0.3 logit "
             "difference (n 8 prompts each).") in notes, notes
+
+
+def test_the_rounding_group_is_ordered_by_the_moves_themselves_not_their_printed_digits(tmp_path):
+    """Review 19v C2: the page's rounding group, "largest move relative to the number's size first", parsed the
+    notes' 3-digit text, so resid_pre's 18.4 against 18.3705 (printed A 18.4, B 18.4) sorted as no move, last. The
+    notes carry their numbers: by hand, corrupted 0.0182 / 9.0182 = 0.20%, resid_pre 0.0295 / 18.4 = 0.16%, clean
+    0.0113 / 9.25 = 0.12% (printed 9.25, 9.24: 0.11%)."""
+    import html
+    import re
+
+    from headscope.reports.compare import compare_html
+
+    fp32, bf16, _ = _folders(tmp_path)
+
+    def run(side, folder, dtype, clean, corrupted, resid):
+        rows = [{"layer": 0, "effect": resid, "ci": [resid - 1, resid + 1], "n": 8}]
+        return _patching_run(tmp_path / side, folder, dtype, {
+            **_sites_summary([], [], [], clean, corrupted),
+            "at_corrupted_token": {"n": 8, "positions_differ": [1, 1], "sites": {"resid_pre": rows}}})
+
+    a = run("a", fp32, "float32", 9.25, -9.0, 18.4)
+    b = run("b", bf16, "bfloat16", 9.2387, -9.0182, 18.3705)
+    page = html.unescape(compare_html(a, b))
+    group = page[page.index("<ul class='rounding'>"):page.index("<h2 id='same'>")]
+    listed = [re.sub(r":.*", "", item) for item in re.findall(r"<li>(.*?)</li>", group)]
+    moves = {"patching corrupted prompts' logit difference": 0.0182 / 9.0182,
+             "patching resid_pre at the corrupted token (aligned on each prompt's own, not counted from the end), per "
+             "layer": 0.0295 / 18.4, "patching clean prompts' logit difference": 0.0113 / 9.25}
+    assert listed == sorted(moves, key=moves.__getitem__, reverse=True), listed

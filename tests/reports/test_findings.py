@@ -620,7 +620,8 @@ def test_rollout_does_better_only_where_the_holm_corrected_paired_test_passes():
     text = finding("attribution", s)
     assert (f"attention rollout does better (paired per example, rollout minus raw tau over 12 examples, Holm-corrected "
             f"over 2 references) against gradient x input (tau {roll['gradient'].mean():.2f} against raw "
-            f"{raw['gradient'].mean():.2f}; paired difference {g[1]:+.2f}, 95% CI [{g[2].low:+.2f}, {g[2].high:+.2f}], "
+            f"{raw['gradient'].mean():.2f}; paired difference {g[1]:+.2f}, uncorrected 95% CI [{g[2].low:+.2f}, "
+            f"{g[2].high:+.2f}], "
             f"Holm-corrected p = {s['rollout_vs_raw']['gradient']['p_holm']:.2g}), but not significantly against "
             f"leave-one-out") in text
     assert "tracks token importance" not in text
@@ -636,6 +637,16 @@ def test_rollout_does_better_only_where_the_holm_corrected_paired_test_passes():
     # the paired difference's sign decides too: a significant drop is not "better"
     worse = {**s, "rollout_vs_raw": {k: {**v, "mean": -abs(v["mean"])} for k, v in s["rollout_vs_raw"].items()}}
     assert "does better" not in finding("attribution", worse)
+    # review 19v B1 (Nemotron float32): an uncorrected interval clear of 0 whose Holm-corrected p (2 x 0.0275) fails
+    # was printed as "95% CI [+0.08, +0.68]" beside "not shown": now labelled uncorrected, and the two are reconciled
+    holm = {**s, "rollout_vs_raw": {**s["rollout_vs_raw"], "gradient": {"mean": 0.38, "n": 12, "ci": [0.08, 0.68],
+                                                                         "p": 0.0275, "p_holm": 0.055}}}
+    text = finding("attribution", holm)
+    assert ("Attention rollout is not shown to do better than raw last-layer attention after Holm's correction (paired "
+            "per example, rollout minus raw tau over 12 examples, Holm-corrected over 2 references): gradient x input "
+            f"(tau {roll['gradient'].mean():.2f} against raw {raw['gradient'].mean():.2f}; paired difference +0.38, "
+            "uncorrected 95% CI [+0.08, +0.68], Holm-corrected p = 0.055: the uncorrected interval excludes 0, but the "
+            "test does not pass after Holm's correction (p >= 0.05))") in text, text
 
 
 def test_patching_correlation_on_one_point_and_next_sites_that_are_one_residual_state():
@@ -1545,7 +1556,7 @@ def test_kv_says_the_closest_budget_and_the_largest_budgets_fall_once():
     assert "no evidence that it is better" not in text and "closest at budget 16: as above" in text
     assert text.count("-10.0% (95% CI") == 1 and "1.00 logits below the full cache at budget 32" not in text
     assert ("window never (at 32, its largest budget that evicts, still more than 1% below the full cache: keeps 50.0% "
-            "of the full-cache value, -50.0% (95% CI [-50.0%, -50.0%], per example -5.00 to -5.00 logits, n = 4); on "
+            "of the full-cache value, -50.0% (95% CI [-50.0%, -50.0%], per example -5.00 logits, n = 4); on "
             "average it falls 5.00 logits below the full cache at budget 16 (95% CI [-5.00, -5.00], n = 4))") in text
 
 
@@ -1647,8 +1658,8 @@ def test_kv_a_bfloat16_bound_that_reaches_0_within_rounding_says_so():
     s = {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "dtype": "bfloat16",
          "holding_budgets": holding_budgets(_kv_sweep({4: pct}), n_sink=4)}
     assert (f"its 95% CI reaches 0 (its upper end, {ci.high:+.2f}%, lies within one bfloat16 rounding step of the "
-            "full-cache metric, 0.62%: rounding alone can put it either side of 0): not clearly below it at all") \
-        in finding("kv", s)
+            "full-cache mean, 0.62% of it (the spacing of bfloat16 numbers at 10: 0.0625 logits): rounding alone can "
+            "put it either side of 0): not clearly below it at all") in finding("kv", s)  # review 19v B2: its unit
     assert "rounding step" not in finding("kv", {**s, "dtype": "float32"})
 
 

@@ -40,7 +40,7 @@ def test_a_budget_of_one_prompt_does_not_break_a_policy_that_holds():
     text = finding("kv", {"metric": "logit_diff", "n_examples": 5, "metric_unevicted": 10.0,
                           "holding_budgets": holding_budgets(sweep, n_sink=4)})
     assert "window from 16 positions (between 8 and 16 on this grid" in text, text
-    assert ("; at budget 32 it evicts from one prompt only (-5.0%, per example -0.500 to -0.500 logits, n = 1): too few "
+    assert ("; at budget 32 it evicts from one prompt only (-5.0%, per example -0.500 logits, n = 1): too few "
             "to say, so it neither makes nor breaks the verdict)") in text, text
     assert "No policy" not in text and "not shown" not in text
 
@@ -79,9 +79,10 @@ def test_a_rounding_step_larger_than_the_band_cannot_tell():
     assert e["rounding_coarse"][0]["rounding_miss"] == pytest.approx(miss)
     text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 2.25, "dtype": "bfloat16",
                           "holding_budgets": holding_budgets(sweep, n_sink=4, floor=floor)})
+    # review 19v B2: this step is eps x the largest full-cache value, not the spacing at the mean: said with its size
     assert (f"consistent with holding within 1%, but its 95% CI passes the band by {miss:.2g} logits, less than one "
-            f"bfloat16 rounding step of the metric ({floor:.2g} logits, {100 * floor / 0.0225:.0f}% of the band there, "
-            "0.022): cannot tell at this precision") in text, text
+            f"bfloat16 rounding step of the metric at its largest full-cache value (eps 0.0078 x 2.25 = {floor:.2g} "
+            f"logits, {100 * floor / 0.0225:.0f}% of the band there, 0.022): cannot tell at this precision") in text, text
     assert "counted as within" not in text and "up to bfloat16 rounding" not in text
 
 

@@ -71,6 +71,26 @@ def test_show_tokens_of_an_attribution_result_is_every_token_with_signed_integra
     assert torch.allclose(got, share, atol=1e-3)
 
 
+def test_show_tokens_marks_a_method_whose_scores_the_analysis_finds_rounding(one_prompt):
+    """Review 19v C1: in bfloat16 the attribution summary finds every gradient x input score within its rounding floor
+    (ranks_rounding) and the report leaves it out, yet show_tokens drew it as an ordinary row. Now its row is starred
+    as integrated gradients' is, with the legend line saying why (the counts of the summary and of this example)."""
+    from types import SimpleNamespace
+
+    result = one_prompt[1]["attribution"]
+    assert not result.summary["gradient_rounding"]["ranks_rounding"]  # float32 here: no mark
+    assert "grad_x_input *" not in hs.show_tokens(result).html
+    rounding = {"dtype": "bfloat16", "floor": [0.02, 0.1], "n_within": 30, "n_scores": 30, "ranks_rounding": True}
+    tables = {**result.tables, "gradient_rounding": pd.DataFrame(
+        [{"example": 0, "dtype": "bfloat16", "floor": 0.1, "n_scores": 2, "n_within_floor": 2}])}
+    bf16 = SimpleNamespace(name="attribution", tables=tables, summary={**result.summary, "gradient_rounding": rounding})
+    page = hs.show_tokens(bf16).html
+    names = re.findall(r"<tr><th [^>]*>([^<]+)</th>", page)
+    assert "grad_x_input *" in names and "saliency" in names and "leave_one_out (share)" in names, names
+    assert ("* gradient x input: 30 of 30 of its scores over all examples are within their bfloat16 rounding floor "
+            "(this example: 2 of 2) and count as ties, so its ranking would rank rounding: used in no claim.") in page
+
+
 def test_show_attention_of_a_layer_and_of_a_pattern_equals_hugging_face(one_prompt, tiny_dirs):
     model, _ = one_prompt
     tokens = model.to_tokens(PROMPT)  # [1, pos]
