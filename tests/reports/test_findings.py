@@ -3668,3 +3668,23 @@ def test_patching_ties_with_the_top_head_are_paired_differences_reaching_zero():
             "L0H1 (0.06-0.12; 4 cells whose paired difference from L2H5 over the same examples has a 95% t interval "
             "reaching 0, largest first)") in text, text
     assert "L2H4" not in text.split("not told apart from", 1)[1].split(")", 1)[0]
+
+
+def test_exact_map_captions_say_the_aligned_effects_are_no_cells_of_the_maps():
+    """Review 19e C1: the head_out map's shared scale was +-0.53 while the finding quoted resid_pre at layer 0
+    restoring 1.00, measured at each prompt's corrupted token (at 5 different places from the end), which is no cell of
+    the end-aligned maps. The caption says so, with the largest aligned effect in the map's units (9.39 / 9.39 = 1.00);
+    with the token at one place from the end the aligned cell is a map cell and nothing is added."""
+    from headscope.reports.plots_patching import caption_for
+
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8,
+         "clean_metric": 5.356, "corrupted_metric": -4.034,
+         "at_corrupted_token": {"from_end": {"-5": 4, "-10": 1, "-20": 1, "-25": 1, "-28": 1}, "n": 8,
+                                "sites": {"resid_pre": [{"layer": 0, "effect": 9.39, "n": 8}],
+                                          "attn_out": [{"layer": 0, "effect": 3.1, "n": 8}]}}}
+    said = ("The finding's effects at each prompt's corrupted token (up to 1.00 in the map's units) are aligned on that "
+            "token, which sits at different places from the end, so they are not cells of these end-aligned maps and "
+            "may exceed their scale.")
+    assert said in (caption_for("exact_head_out", s) or "")
+    s["at_corrupted_token"]["from_end"] = {"-5": 8}
+    assert "aligned on that token" not in (caption_for("exact_head_out", s) or "")
