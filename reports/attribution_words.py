@@ -515,11 +515,17 @@ def gradient_rounding_words(s: Mapping[str, Any]) -> str:
     k, m, floor = int(_num(entry.get("n_within")) or 0), int(_num(entry.get("n_scores")) or 0), entry.get("floor")
     if not k or not m or not isinstance(floor, Sequence) or len(floor) != 2 or None in map(_num, floor):
         return ""
-    dtype = entry.get("dtype", "?")
-    said = (f"{k} of {m} gradient x input scores are within their {dtype} rounding floor (one {dtype} rounding step "
-            f"of the example's largest token gradient times the token's embedding norm, up to {floor[1]:.2g}: the "
-            "product of gradient and embedding nearly cancels, so a score within it is the gradient's rounding) and "
-            "count as ties")
+    dtype, n = entry.get("dtype", "?"), _num(entry.get("n_examples"))
+    if entry.get("floor_kind") == "measured":  # review 19e A1: the floor measured, not the worst-case bound
+        examples = f"all {int(n)} examples" if n else "its examples"
+        said = (f"{k} of {m} gradient x input scores are within their {dtype} rounding floor (twice the score's own "
+                f"{dtype} rounding error, measured on {examples} by re-running them in float32, up to "
+                f"{floor[1]:.2g}: a score within it is mostly the gradient's rounding) and count as ties")
+    else:
+        said = (f"{k} of {m} gradient x input scores are within their {dtype} rounding floor (a worst-case bound: one "
+                f"{dtype} rounding step of the example's largest token gradient times the token's embedding norm, up "
+                f"to {floor[1]:.2g}: the product of gradient and embedding nearly cancels, so a score within it may "
+                "be the gradient's rounding) and count as ties")
     if gradient_rounds(s):
         return said + (": its tau would rank rounding, so gradient x input is left out of the taus, the rollout "
                        "comparisons and the count of significant taus here.")

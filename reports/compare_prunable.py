@@ -189,6 +189,9 @@ def _same_heads_words(means: list[dict[int, float]], orders: list[list[str]], po
             "model's computation there, not only its rounding"), False
 
 
+TIE_BROKEN = "the gap is that tie broken differently"  # compare_pruning files such a gap under "within noise"
+
+
 def precision_words(a: Run, b: Run, ordering: str, counts: list[Any]) -> tuple[str, bool | None]:
     """Where A and B differ only in precision (compare_run.precision_only) and their counts of heads prunable by a fixed
     `ordering` differ: (the point that decides them, the first of the curve past the smaller count, its change from
@@ -226,7 +229,7 @@ def precision_words(a: Run, b: Run, ordering: str, counts: list[Any]) -> tuple[s
                  f"{and_join(only[1])}")
         if tied:
             whose = "both heads findings record" if len(tied) == 2 else f"{tied[0]}'s heads finding records"
-            said += (f", which {whose} as tied within rounding: the gap is that tie broken differently, not the "
+            said += (f", which {whose} as tied within rounding: {TIE_BROKEN}, not the "
                      "precision changing the model's computation")
         else:
             said += ", which neither heads finding records as tied within rounding"

@@ -13,7 +13,13 @@ import pandas as pd
 
 from headscope.reports.compare_heads import metric_se
 from headscope.reports.compare_notes import n_words
-from headscope.reports.compare_prunable import interval_heads, point_heads_words, precision_words, verdict_words
+from headscope.reports.compare_prunable import (
+    TIE_BROKEN,
+    interval_heads,
+    point_heads_words,
+    precision_words,
+    verdict_words,
+)
 from headscope.reports.compare_run import (
     NO_INTERVAL,
     NOT_COMPARED,
@@ -356,6 +362,7 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
         fragile = tuple(bool(line) and held_count(run, ordering) is None for line, run in zip(lines, (a, b)))
         fragile = fragile if fa == fb else (False, False)  # else said by the lines below
         verdicts = "" if differ else verdict_words(a, b, ordering, (fa, fb), fragile)
+        quiet = False  # review 19e C2: counts apart within noise or by a rounding tie are no difference
         if differ:
             text = NOT_COMPARED + text + f": not compared: {differ}."
         elif fa == fb:  # one count, but the findings' verdicts on it can differ (review 8b A4)
@@ -373,13 +380,14 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
             if not within:
                 text += f" The {verdicts.removeprefix('the ')}." if verdicts else ""
                 text += f" {rounding[0].upper()}{rounding[1:]}." if rounding else ""
+            quiet = within is True or (within is None and ("(within noise" in text or TIE_BROKEN in rounding))
         edges = [f"{side}'s {edge}" for side, edge in zip(SIDES, lines) if edge]
         points = [(_deciding_point(r, ordering) or {}).get("n_pruned") if line else None for r, line in zip((a, b), lines)]
         apart = point_heads_words(a, b, ordering, int(points[0])) if \
             points[0] is not None and points[0] == points[1] and _number(points[0]) else ""
         edges += [f"{apart[0].upper()}{apart[1:]}"] if apart else []  # review 18b C2: one n, two sets of heads
-        notes.append(text + ("" if not edges else " " + "; ".join(edges[:len(edges) - bool(apart)]) + "."
-                             + (f" {edges[-1]}." if apart else "")))
+        tail = "" if not edges else " " + "; ".join(edges[:len(edges) - bool(apart)]) + "." + (f" {edges[-1]}." if apart else "")
+        notes.append((SAME if quiet else "") + text + tail)
     return notes
 
 

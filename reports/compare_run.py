@@ -595,6 +595,7 @@ def rounding_note(a: Run, b: Run, name: str, label: str, va: float, vb: float, n
     if f"{va:.3g}" == f"{vb:.3g}":
         return (SAME + f"{label}: A {shown[0]}, B {shown[1]} ({n}): equal at the shown precision (3 significant "
                 f"figures), moved below it by {low}'s rounding{step}.")
+    step = step or "; neither run records this number's rounding step, so the move is not set against one"  # 19e B3
     return rounding_text(f"{label}: A {va:.3g}, B {vb:.3g}, |B - A| = {abs(vb - va):.3g} ({n}){step}.", va, vb)
 
 

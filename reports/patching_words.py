@@ -215,7 +215,15 @@ def _tied_cells(s: Mapping[str, Any], kc: tuple, keep: Any = None) -> list:
             and (c is cell or not thin(c, s.get("n_examples")))]  # review 10a A3: no tie with a one-prompt column
     if not any(c is cell for c in rows):
         return []
+    if rows[0] is cell and any(ci_pair(c.get("vs_top")) for c in rows[1:]):  # review 19e B1: paired against the top
+        return [c for c in rows[1:] if (keep is None or keep(c)) and _paired_tie(c)]
     return [c for c in rows if c is not cell and (keep is None or keep(c)) and tied(cell, c)]
+
+
+def _paired_tie(cell: Mapping[str, Any]) -> bool:
+    """Whether the top cell minus this one, paired over the same examples (top_sites' vs_top), reaches 0."""
+    ci = ci_pair(cell.get("vs_top"))
+    return bool(ci) and min(ci) <= 0.0 <= max(ci)
 
 
 def _value(cell: Mapping[str, Any], gap: float | None) -> float:
@@ -229,6 +237,13 @@ def _tie(kc: tuple, others: list, gap: float | None, s: Mapping[str, Any] | None
     if not others:
         return ""
     where = [_where(kind, o, s).split(" at ", 1)[1] for o in others]
+    if any(ci_pair(o.get("vs_top")) for o in others):  # review 19e B1: paired differences from the top cell
+        own = _where(kind, cell, s).split(" at ", 1)[1]
+        values = [f"{_value(c, gap):.2f}" for c in others]
+        span = values[0] if values[0] == values[-1] else f"{min(values, key=float)}-{max(values, key=float)}"
+        named = where if len(where) <= TIES_SHOWN else [*where[:TIES_SHOWN], f"{len(where) - TIES_SHOWN} more"]
+        return (f", not told apart from {and_join(named)} ({span}; {len(others)} cell{'s' * (len(others) > 1)} whose "
+                f"paired difference from {own} over the same examples has a 95% t interval reaching 0, largest first)")
     if len(others) == 1:
         return f", tied with {where[0]} ({_value(others[0], gap):.2f}{_effect_ci(others[0], gap, *_rounding(s))})"
     values = [f"{_value(c, gap):.2f}" for c in [cell, *others]]
@@ -242,6 +257,7 @@ def _tie(kc: tuple, others: list, gap: float | None, s: Mapping[str, Any] | None
 
 
 HEADS = ("head_out", "head_out_by_pos")
+TIES_SHOWN = 6  # cells named as not told apart from the top one; the rest counted
 
 
 def _head_notes(s: Mapping[str, Any], kc: tuple, others: list, gap: float | None) -> list[str]:

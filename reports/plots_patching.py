@@ -22,6 +22,7 @@ whose words live in reports/patching_words.py.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -685,7 +686,23 @@ def _run_notes(stem: str, summary: Mapping[str, Any]) -> str:
             more = f" and {len(places) - DIFFER_SAID} more" if len(places) > DIFFER_SAID else ""
             said += (f" Clean and corrupted prompts differ at {', '.join(map(str, places[:DIFFER_SAID]))}{more} "
                      "from the end.")
-    return said
+    return said + _aligned_note(summary)
+
+
+def _aligned_note(summary: Mapping[str, Any]) -> str:
+    """Review 19e C1: where the corrupted token sits at different places from the end, the finding's values at each
+    prompt's corrupted token (at_corrupted_token, up to 1.00 at resid_pre) are no cell of the end-aligned maps, whose
+    shared scale (+-0.53) they may exceed: the caption says so, with the largest in the map's units ("" otherwise)."""
+    info = summary.get("at_corrupted_token")
+    if not isinstance(info, Mapping) or len(info.get("from_end") or {}) < 2 or not isinstance(info.get("sites"), Mapping):
+        return ""
+    sizes = [abs(float(r["effect"])) for rows in info["sites"].values() if isinstance(rows, list) for r in rows
+             if isinstance(r, Mapping) and isinstance(r.get("effect"), (int, float)) and math.isfinite(r["effect"])]
+    if not sizes:
+        return ""
+    return (f" The finding's effects at each prompt's corrupted token (up to {max(sizes) / scale(summary)[0]:.2f} in the "
+            "map's units) are aligned on that token, which sits at different places from the end, so they are not "
+            "cells of these end-aligned maps and may exceed their scale.")
 
 
 def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:

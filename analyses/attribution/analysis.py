@@ -67,6 +67,7 @@ from headscope.analyses.attribution.inputs import (
     real_tokens,
 )
 from headscope.analyses.attribution.permutation import permute_attention, saturation
+from headscope.analyses.attribution.rounding import float32_fits, measured_floor
 from headscope.analyses.attribution.summary import _summary, attention_window, rounding_summary, tau_tables
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
@@ -243,6 +244,7 @@ class _Setup:
     loo_metric: str  # what leave-one-out scores: "tvd", "1-cosine" or "logit_diff" (loo_metric)
     at: torch.Tensor | None = None  # [batch] a masked LM's mask among each example's real tokens (read_positions)
     baseline_note: str | None = None  # inputs.baseline_choice: no special token's embedding would do (review 19a C1)
+    measure_gradient: bool = False  # re-run gradient x input in float32 for its rounding floor (rounding.float32_fits)
 
 
 def top_k_routing(model: Any) -> dict[str, Any] | None:
@@ -283,7 +285,7 @@ def _setup(model, task: Task, cfg: AttributionConfig, reference: torch.Tensor | 
                   lengths=lengths, grad_rows=grad_rows, rows=rows,
                   chunk=max(1, min(cfg.batch_size // cfg.n_steps, grad_rows // 2)),
                   saturated=saturated, loo_metric=loo_metric(model, kind, saturated, at_mask=at is not None), at=at,
-                  baseline_note=note)
+                  baseline_note=note, measure_gradient=float32_fits(model))
 
 
 @torch.no_grad()
@@ -329,7 +331,9 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
     windows = layer_windows(model)
     per_head, roll = am.attention_scores(model, tokens, at)  # [g, layer, head, pos], [g, pos]
     grads = am.gradient_scores(model, tokens, forward, args, at)
-    gxi_ranked, gxi_rows = gradient_rounding(grads, idx, model.dtype, at)  # [g, pos]: scores within the floor tied at 0
+    if setup.measure_gradient:  # review 19e A1: the floor measured by a float32 re-run, not the worst-case bound
+        grads["grad_x_input_floor"] = measured_floor(model, tokens, forward, args, grads["grad_x_input_signed"], at)
+    gxi_ranked, gxi_rows = gradient_rounding(grads, idx, model.dtype, at, measured=setup.measure_gradient)
     ig, delta, steps, delta_half = am.integrated_gradients(
         model, tokens, ig_baselines(tokens, baseline, at), forward, args,
         n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
@@ -393,16 +397,19 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
 
 
 def gradient_rounding(grads: dict[str, torch.Tensor], idx: list[int], dtype: torch.dtype,
-                      at: torch.Tensor | None = None) -> tuple[torch.Tensor, list[dict]]:
-    """|gradient x input| [g, pos] with the scores within their rounding floor (methods.gradient_floor) set to 0,
-    ties (review 18e A1: in bfloat16 every score was within it and the bfloat16 ranking agreed with float32's at tau
-    0.62-0.75), and per example its record over the ranked tokens (1..pos-2, less a masked LM's mask `at` [g]):
-    example, dtype, floor (the largest token floor), n_scores, n_within_floor."""
+                      at: torch.Tensor | None = None, measured: bool = False) -> tuple[torch.Tensor, list[dict]]:
+    """|gradient x input| [g, pos] with the scores within their rounding floor grads["grad_x_input_floor"] set to 0,
+    ties (review 18e A1: in bfloat16 the bfloat16 ranking agreed with float32's at tau 0.62-0.75), and per example its
+    record over the ranked tokens (1..pos-2, less a masked LM's mask `at` [g]): example, dtype, floor (the largest
+    token floor), floor_kind ("measured": rounding.measured_floor's float32 re-run; "bound": methods.gradient_floor's
+    worst case), n_scores, n_within_floor."""
     score, floor = grads["grad_x_input"], grads["grad_x_input_floor"]  # [g, pos] each
     within = score <= floor
     ranked = am.ranked_tokens(*score.shape, at, score.device)  # [g, pos]
     name = str(dtype).removeprefix("torch.")
-    rows = [{"example": ex, "dtype": name, "floor": float(floor[j][ranked[j]].max()), "n_scores": int(ranked[j].sum()),
+    kind = "measured" if measured else "bound"
+    rows = [{"example": ex, "dtype": name, "floor": float(floor[j][ranked[j]].max()), "floor_kind": kind,
+             "n_scores": int(ranked[j].sum()),
              "n_within_floor": int((within[j] & ranked[j]).sum())} for j, ex in enumerate(idx)]
     return score.masked_fill(within, 0.0), rows
 

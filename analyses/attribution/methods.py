@@ -243,8 +243,9 @@ def gradient_scores(model, tokens: torch.Tensor, forward: Forward, targets: Sequ
     The gradient comes from Captum's LayerGradientXActivation on hook_embed (multiply_by_inputs off), what the first
     block reads (module doc); the product with the embedding and its sum over d_model run in float32 (review 18e A1:
     in bfloat16 the sum of a near-cancelling dot product added its own rounding). The floor (gradient_floor) bounds
-    what the gradient's own rounding in the model's dtype can make of that product (at [batch]: a masked LM's mask).
-    Returns {"saliency": [batch, pos], "grad_x_input": [batch, pos], "grad_x_input_floor": [batch, pos]}.
+    what the gradient's own rounding in the model's dtype can make of that product (at [batch]: a masked LM's mask), a
+    worst case that the analysis replaces by a float32 re-run where one fits (rounding.measured_floor, review 19e A1).
+    Returns {"saliency", "grad_x_input" (|g . x|), "grad_x_input_signed" (g . x), "grad_x_input_floor"}, [batch, pos] each.
     """
     from captum.attr import LayerGradientXActivation
 
@@ -258,7 +259,8 @@ def gradient_scores(model, tokens: torch.Tensor, forward: Forward, targets: Sequ
         finally:
             handle.remove()
     g, x = grad.detach().float(), seen[-1].float()  # [batch, pos, d_model] each: the gradient and the embedding
-    return {"saliency": g.norm(dim=-1), "grad_x_input": (g * x).sum(-1).abs(),
+    signed = (g * x).sum(-1)  # [batch, pos]
+    return {"saliency": g.norm(dim=-1), "grad_x_input": signed.abs(), "grad_x_input_signed": signed,
             "grad_x_input_floor": gradient_floor(grad.dtype, g.norm(dim=-1), x.norm(dim=-1), at)}
 
 

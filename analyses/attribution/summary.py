@@ -69,10 +69,12 @@ ROLLOUT_REFERENCES = ("grad_x_input", "leave_one_out", "integrated_gradients")
 def rounding_summary(rows: pd.DataFrame) -> dict[str, Any]:
     """The summary's loo_rounding from the per-example table: dtype, floor [min, max] over examples (logits),
     n_within (scores within it, ties), n_scores, and ranks_rounding: most scores are within it, so leave-one-out's
-    tau would rank rounding and the finding leaves it out of its claims."""
+    tau would rank rounding and the finding leaves it out of its claims; gradient x input's also floor_kind
+    ("measured" by a float32 re-run or a worst-case "bound", review 19e A1) and n_examples."""
     n_within, n_scores = int(rows.n_within_floor.sum()), int(rows.n_scores.sum())
+    kind = {"floor_kind": str(rows.floor_kind.iloc[0]), "n_examples": len(rows)} if "floor_kind" in rows else {}
     return {"dtype": str(rows.dtype.iloc[0]), "floor": [float(rows.floor.min()), float(rows.floor.max())],
-            "n_within": n_within, "n_scores": n_scores, "ranks_rounding": 2 * n_within > n_scores}
+            "n_within": n_within, "n_scores": n_scores, "ranks_rounding": 2 * n_within > n_scores, **kind}
 
 
 def tau_tables(df: pd.DataFrame, convergence: dict[str, Any]) -> dict[str, pd.DataFrame]:

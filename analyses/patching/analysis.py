@@ -252,6 +252,8 @@ def activation_patching(
         unpatched = torch.stack([nulls[st.name][c[0]] for c in cells]) if cells else values
         means = cell_means(pm, values, unpatched, clean_rows, corrupt_rows)
         intervals[st.name] = effect_intervals(pm, values, unpatched, clean_rows, corrupt_rows)  # the sweep's rows
+        # [cell, batch] per-example effects (NaN: padding): top_sites' paired differences from the top cell (19e B1)
+        intervals[st.name]["effects"] = values.double().cpu().numpy() - unpatched.double().cpu().numpy()
         if gap and not pm.normalized:  # review 16c B5: the share's own interval (a ratio of means), not ci / gap
             shares = share_intervals(values, unpatched, clean_rows, corrupt_rows, whole_gap=True)
             intervals[st.name].update(share_low=shares["low"], share_high=shares["high"])
@@ -396,10 +398,26 @@ def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect",
                 **({} if ends is None or np.isnan(ends[i]) else {"from_end": int(ends[i])}),
                 column: float(value[i]),
                 **({} if intervals is None or str(name) not in intervals else _interval(intervals[str(name)], i - rows[0])),
+                **({} if intervals is None or str(name) not in intervals or i == top[0]
+                   else _vs_top(intervals[str(name)], top[0] - rows[0], i - rows[0])),
             }
             for i in top
         ]
     return out
+
+
+def _vs_top(arrays: dict[str, np.ndarray], first: int, cell: int) -> dict:
+    """{"vs_top": [low, high]}: the 95% paired t interval of the top cell's effect minus this cell's over the examples
+    where both are real (review 19e B1: a tie with the top cell is a paired difference reaching 0, as the heads
+    finding's; each inside the other's interval named a wide weak cell and left out tight ones just below); {} where
+    the arrays carry no per-example effects or fewer than 2 shared examples."""
+    effects = arrays.get("effects")
+    if effects is None:
+        return {}
+    d = effects[first] - effects[cell]  # [batch], NaN where either is padding
+    out = chance.mean_intervals(d[None], where=np.isfinite(d)[None])  # in the raw metric's units
+    pair = _pair(out["low"][0], out["high"][0])
+    return {} if pair is None else {"vs_top": pair}
 
 
 def _interval(arrays: dict[str, np.ndarray], cell: int) -> dict:

@@ -889,3 +889,26 @@ def test_exact_table_gives_no_share_of_a_gap_within_noise(tiny_models):
     assert set(df["share_note"]) == {"share_of_gap not given: the clean-corrupted gap is within noise ("
                                      + result.summary["gap_within_noise"]["reason"] + "), so shares of it are not "
                                      "meaningful (the report ranks no site)"}
+
+
+def test_top_sites_carry_each_cells_paired_interval_against_the_top_cell():
+    """Review 19e B1: top_sites' vs_top is the 95% paired t interval of the top cell's per-example effect minus each
+    other cell's over the examples both are real in (scipy by hand; a padded example left out of its pair only)."""
+    import math
+
+    import pandas as pd
+    from scipy import stats
+
+    from headscope.analyses.patching.analysis import top_sites
+
+    eff = np.array([[3.0, 1.0, 2.5, 4.0, 2.0], [1.0, 1.5, 0.5, 2.0, np.nan], [0.5, -0.5, 1.0, 0.2, 0.1]])  # [cell, batch]
+    df = pd.DataFrame({"site_type": ["head_out"] * 3, "layer": [0, 1, 1], "head": [0, 0, 1], "pos": [np.nan] * 3,
+                       "token": ["all"] * 3, "effect": np.nanmean(eff, 1)})
+    arrays = {"low": np.zeros(3), "high": np.ones(3), "n": np.array([5, 4, 5]), "effects": eff}
+    rows = top_sites(df, intervals={"head_out": arrays})["head_out"]
+    assert "vs_top" not in rows[0]
+    for rec, cell in zip(rows[1:], (1, 2)):
+        d = eff[0] - eff[cell]
+        d = d[np.isfinite(d)]
+        half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+        assert np.allclose(rec["vs_top"], [d.mean() - half, d.mean() + half]), cell

@@ -956,7 +956,7 @@ def test_a_prunable_difference_equal_to_identical_intervals_is_within_noise(tmp_
         io.write_json(tmp_path / side / "heads" / "summary.json", {**summary, "n_heads": 6, "prunable_ci_gradient": {
             "heads": frac * 6, "interval_heads": [3.0, 4.0], "n_examples": 4, "method": "percentile bootstrap"}})
     (note,) = pruning_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1]
-    assert note.startswith("Prunable within 1% by gradient") and "beyond noise" not in note
+    assert note.startswith("(same) Prunable within 1% by gradient") and "beyond noise" not in note  # 19e C2: not a difference
     assert ("(within noise: |B - A| = 0.167 equals the combined half-widths, not beyond them; the intervals coincide, "
             "95% CI [0.5, 0.667] in both)") in note
     # just past them (B's interval one hundredth of a head narrower): beyond
@@ -1621,7 +1621,7 @@ def test_one_model_at_two_precisions_splits_a_count_by_rounding_not_by_a_verdict
     a, b = _precision_pair(tmp_path, {"a": [-0.006968, -0.007478, -0.0477], "b": [-0.005836, -0.005836, -0.05]},
                            {"a": 0, "b": 2}, {"a": [0, 0], "b": [0, 2]})
     [note] = pruning_notes(a, b)
-    assert note == ("Prunable within 1% by ablation (the ordering both heads findings lead with): A 0% (0 of 16 heads), "
+    assert note == ("(same) Prunable within 1% by ablation (the ordering both heads findings lead with): A 0% (0 of 16 heads), "
                     "B 12% (2 of 16 heads): the runs differ only in precision (A float32, B bfloat16): at 2 heads "
                     "removed, the point that decides the counts, the change from unpruned is -0.00051 in A and +0 in B, "
                     "0.00051 apart, within bfloat16's rounding step of the metric (0.079): a rounding difference, not a "
@@ -1660,6 +1660,7 @@ def test_two_precisions_that_removed_other_heads_at_the_deciding_point_name_the_
                               "broken differently, not the precision changing the model's computation" + same, None)
     [note] = pruning_notes(a, b)
     assert "changes the model's computation here" not in note and said[1:] in note
+    assert note.startswith("(same) Prunable within")  # review 19e C2: a rounding tie broken differently, no difference
     # no recorded tie: the heads that differ are named, not called a tie, and the same heads judge the precision
     _heads_summary(tmp_path / "b", tied_first_pruned_zero=[])
     assert precision_words(Run(tmp_path / "a"), Run(tmp_path / "b"), "ablation", [2.0, 0.0]) == (

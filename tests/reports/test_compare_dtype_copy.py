@@ -11,6 +11,8 @@ from headscope.reports.compare import settings_notes
 from headscope.reports.compare_headlines import headline_notes
 from headscope.reports.compare_run import ROUNDING, SAME, Run, models_differ, precision_only, rounding_premise
 
+NO_STEP = "; neither run records this number's rounding step, so the move is not set against one."  # review 19e B3
+
 
 def _folders(root):
     """./fp32 (float32 weights), ./bf16 (the same cast to bfloat16: round to nearest even) and ./other (fp32 with its
@@ -65,7 +67,7 @@ def test_compare_calls_a_dtype_copy_one_model_and_its_differences_rounding(tmp_p
     tau = [n for n in headline_notes(a, b) if "gradient x input" in n]
     # review 17b B1: a short note in the page's rounding group, whose premise (rounding_premise) the page says once
     assert tau == [ROUNDING + "attribution mean Kendall tau of attention and gradient x input: A 0.4, B 0.375, |B - A| "
-                   "= 0.025 (n 4 each)."]
+                   "= 0.025 (n 4 each)" + NO_STEP]
     assert rounding_premise(a, b) == (
         "Moved by bfloat16's rounding: A and B are one model on the same examples in two dtypes (A float32, B "
         "bfloat16), so each |B - A| below is what bfloat16's rounding does to that number, not sampling noise (the "
@@ -485,8 +487,8 @@ def test_the_page_lists_real_differences_first_and_rounding_moves_once_in_one_gr
     assert items[0] == "None beyond the rounding moves below."
     assert differences.count("Moved by bfloat16's rounding") == 1 and "so |B - A| = " not in differences
     assert items[1:] == [
-        "attribution mean Kendall tau of attention and gradient x input: A 0.667, B 0.417, |B - A| = 0.25 (n 4 each).",
-        "attribution mean Kendall tau of attention and leave-one-out: A 0.5, B 0.514, |B - A| = 0.014 (n 4 each)."]
+        "attribution mean Kendall tau of attention and gradient x input: A 0.667, B 0.417, |B - A| = 0.25 (n 4 each)" + NO_STEP,
+        "attribution mean Kendall tau of attention and leave-one-out: A 0.5, B 0.514, |B - A| = 0.014 (n 4 each)" + NO_STEP]
     same = page[page.index("<h2 id='same'>"):page.index("<h2 id='not-compared'>")]
     assert ("<li>attribution permutation test: mean change of the metric: A 10.2216, B 10.2324 (n 4 each): equal at "
             "the shown precision (3 significant figures), moved below it by bfloat16's rounding.</li>") in same
@@ -527,7 +529,7 @@ def test_settings_that_do_not_feed_the_unpruned_metric_or_an_r_leave_them_roundi
     [r] = [n for n in notes if "Pearson r at head_out" in n]
     assert "Fisher" not in r and "within noise" not in r and "settings differ" not in r, r
     assert r == ("(rounding) patching attribution-vs-exact Pearson r at head_out: A 0.758, B 0.769, |B - A| = 0.011 "
-                 "(n 24 cells each)."), r  # in the page's one group of rounding moves (review 17b B1)
+                 "(n 24 cells each)" + NO_STEP), r  # in the page's one group of rounding moves (review 17b B1)
 
 
 def test_patching_clean_and_corrupted_rows_of_a_dtype_pair_carry_the_rounding_step_of_the_top_sites(tmp_path):

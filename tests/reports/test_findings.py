@@ -3654,3 +3654,49 @@ def test_a_gradient_tie_says_its_rounding_and_which_gradient_floor_is_which():
             "most 0.0018 for any head); the analytic floor 0.051 (one rounding step of the loss it differentiates) only "
             "checks whether every gradient is rounding.") in text
     assert "Within rounding here means closer than" not in text  # no ablation tie: no ablation band
+
+
+def test_patching_ties_with_the_top_head_are_paired_differences_reaching_zero():
+    """Review 19e B1: "tied with L0H5, L1H2 and L0H1" (each inside the other's interval) named L0H1 (0.52 [-1.00, 2.04],
+    wide) and left out L1H4 0.93 [0.28, 1.57] and L1H3, whose paired differences from L2H5 over the same 8 examples
+    reach 0 (by hand: +0.716 [-0.77, 2.20], +0.730 [-0.56, 2.02]); only L2H4 is told apart (+0.750 [0.08, 1.42]).
+    Ties are now every cell whose paired interval (top_sites' vs_top) reaches 0, largest first."""
+
+    def head(layer, h, effect, ci, vs=None):
+        return {"layer": layer, "head": h, "pos": None, "token": "all", "effect": effect, "ci": ci, "n": 8,
+                **({} if vs is None else {"vs_top": vs})}
+
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "n_positions": 12,
+         "clean_metric": 5.356, "corrupted_metric": -4.039, "n_heads": 6, "n_kv_heads": 2,
+         "top_sites": {"attn_out": [{"layer": 2, "head": None, "pos": 11, "from_end": -1, "token": "was",
+                                     "effect": 3.1, "ci": [2.0, 4.2], "n": 8}],
+                       "head_out": [head(2, 5, 1.643, [0.49, 2.80]), head(0, 5, 1.116, [0.19, 2.04], [-0.3, 1.4]),
+                                    head(1, 4, 0.927, [0.28, 1.57], [-0.77, 2.20]),
+                                    head(1, 3, 0.913, [0.46, 1.36], [-0.56, 2.02]),
+                                    head(2, 4, 0.893, [0.5, 1.3], [0.08, 1.42]),
+                                    head(0, 1, 0.522, [-1.00, 2.04], [-0.79, 3.03])]}}
+    text = finding("patching", s)
+    assert ("head_out at L2H5 (0.17, 95% CI [0.05, 0.30] over 8 examples), not told apart from L0H5, L1H4, L1H3 and "
+            "L0H1 (0.06-0.12; 4 cells whose paired difference from L2H5 over the same examples has a 95% t interval "
+            "reaching 0, largest first)") in text, text
+    assert "L2H4" not in text.split("not told apart from", 1)[1].split(")", 1)[0]
+
+
+def test_exact_map_captions_say_the_aligned_effects_are_no_cells_of_the_maps():
+    """Review 19e C1: the head_out map's shared scale was +-0.53 while the finding quoted resid_pre at layer 0
+    restoring 1.00, measured at each prompt's corrupted token (at 5 different places from the end), which is no cell of
+    the end-aligned maps. The caption says so, with the largest aligned effect in the map's units (9.39 / 9.39 = 1.00);
+    with the token at one place from the end the aligned cell is a map cell and nothing is added."""
+    from headscope.reports.plots_patching import caption_for
+
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8,
+         "clean_metric": 5.356, "corrupted_metric": -4.034,
+         "at_corrupted_token": {"from_end": {"-5": 4, "-10": 1, "-20": 1, "-25": 1, "-28": 1}, "n": 8,
+                                "sites": {"resid_pre": [{"layer": 0, "effect": 9.39, "n": 8}],
+                                          "attn_out": [{"layer": 0, "effect": 3.1, "n": 8}]}}}
+    said = ("The finding's effects at each prompt's corrupted token (up to 1.00 in the map's units) are aligned on that "
+            "token, which sits at different places from the end, so they are not cells of these end-aligned maps and "
+            "may exceed their scale.")
+    assert said in (caption_for("exact_head_out", s) or "")
+    s["at_corrupted_token"]["from_end"] = {"-5": 8}
+    assert "aligned on that token" not in (caption_for("exact_head_out", s) or "")
