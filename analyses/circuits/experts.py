@@ -23,8 +23,11 @@ from headscope.hooks import site
 
 
 def expert_sites(model) -> list[str]:
-    """The mixture-of-experts blocks' coefficient sites ("mlp_post"), [] on a dense model."""
-    return [site("mlp_post", layer) for layer in hooks.moe_layers(model)]
+    """The mixture-of-experts blocks' coefficient sites ("mlp_post") where the memories read the experts (GPT-OSS's
+    layout is refused there: its blocks keep their one mlpN row, as before review 19b), [] on a dense model."""
+    from headscope.hooks.memories import expert_memories
+
+    return [site("mlp_post", layer) for layer in hooks.moe_layers(model) if expert_memories(model, layer)]
 
 
 @torch.no_grad()

@@ -237,3 +237,24 @@ def test_explorer_data_names_first_token_and_learned_sink_apart(tiny_gpt_oss):
     for layer in range(2):
         want = (1 - att[layer][0].sum(-1)).mean(-1)  # [head]
         assert data["scores"][LEARNED][layer] == pytest.approx(want.tolist(), abs=1e-3)
+
+
+def test_gpt_oss_dla_keeps_each_moe_block_as_one_row_summing_to_the_logit_difference(tiny_gpt_oss):
+    """Diff read B1: once GPT-OSS's blocks counted as mixtures of experts, DLA tried the per-expert split the memories
+    refuse on this layout and circuits failed after the lens. Now each block keeps its one mlpN row, no per-expert
+    table, and the rows of each example sum to Hugging Face's logit difference (no soft-cap, float32) by hand."""
+    from headscope.analyses import circuits
+    from headscope.analyses.core.tasks import Task
+
+    hf, model = tiny_gpt_oss
+    answers, wrong = torch.tensor([30, 31]), torch.tensor([32, 33])
+    task = Task(name="toy", tokens=TOKENS, corrupted_tokens=TOKENS.flip(0), answers=answers, wrong_answers=wrong)
+    res = circuits.direct_logit_attribution(model, task)
+    assert "dla_experts" not in res.tables
+    dla = res.tables["dla"]
+    assert {"mlp0", "mlp1"} <= set(dla.component)
+    with torch.no_grad():
+        last = hf(TOKENS).logits[:, -1].double()  # [2, vocab]
+    by_hand = (last[[0, 1], answers] - last[[0, 1], wrong]).tolist()
+    sums = dla.groupby("example").contribution.sum().sort_index().tolist()
+    assert sums == pytest.approx(by_hand, abs=1e-4)
