@@ -298,6 +298,7 @@ def show_attention(model, prompt_or_task: Any = None, *, layer: int | None = Non
     tokens = [str(t) for t in model.to_str_tokens(row[0, kept])]
     return pattern_view(pattern, tokens, labels=[f"L{layer}H{h % f.n_heads}" for h in chosen],
                         title=f"{f.name}, layer {layer}", window=layer_windows(model)[layer], layer=layer,
+                        sinks=bool(getattr(f, "learned_sinks", False)),
                         positions=kept, n_total=row.shape[1])
 
 

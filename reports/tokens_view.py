@@ -233,7 +233,7 @@ def visible_token(token: Any) -> str:
 # ---- attention patterns of chosen heads --------------------------------------------------------------
 def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] | None = None, title: str = "",
                  window: int | None = None, layer: int | None = None, positions: Sequence[int] | None = None,
-                 n_total: int | None = None) -> HTMLView:
+                 n_total: int | None = None, sinks: bool | None = None) -> HTMLView:
     """Attention patterns [head, query, key] (CircuitsVis's shape; [query, key] is one head) over string
     tokens: one grid per head, rows the queries, columns the keys, each cell's colour its weight on the
     explorer's sequential scale (white 0 to dark red 1, its colour bar above the grids) and its tooltip the
@@ -241,10 +241,16 @@ def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] |
     sliding window (models.layer_windows), `layer` its index: keys outside it (visible_keys) are hatched as
     masked, not drawn as zero attention, and the explorer's sentence says the window (review 14c C2). positions: each
     token's place in a prompt of n_total tokens that was cut (attention_capture.kept_positions), which the masking
-    reads and the title says. The explorer's stylesheet (scoped to .hsx) styles it; no script."""
+    reads and the title says. sinks: whether the model has learned attention sinks (its rows sum to less than 1);
+    None: judged from the rows' sums, beyond the pattern dtype's rounding. The explorer's stylesheet (scoped to .hsx)
+    styles it; no script."""
+    import torch
+
     from headscope.models.hooked_model import visible_keys
     from headscope.reports.explorer_view import CSS, MASKED, SCALE_NOTE, SINKS_SCALE_NOTE, seq, window_words
 
+    dtype = getattr(pattern, "dtype", None)  # a half-precision pattern's rows miss 1 by its rounding (0.998 in bf16)
+    slack = max(1e-3, 2 * torch.finfo(dtype).eps) if isinstance(dtype, torch.dtype) and dtype.is_floating_point else 1e-3
     values = _numbers(pattern, "pattern")
     values = values[None] if values.ndim == 2 else values
     tokens = [visible_token(t) for t in tokens]  # labels and tooltips show spaces as "␣"
@@ -283,7 +289,7 @@ def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] |
     line = f"<div class='hsx-windowline'>{escape(said)}</div>" if said else ""
     ramp = f"linear-gradient(90deg,{seq(0)},{seq(1)})"
     # review 19b A2: rows of a whole prompt summing to less than 1 are a learned sink's (GPT-OSS): say so, not "1"
-    short = positions is None and bool((values.sum(-1) < 1 - 1e-3).any())
+    short = bool(sinks) if sinks is not None else positions is None and bool((values.sum(-1) < 1 - slack).any())
     scale = (f"<div class='hsx-scale'><span>attention weight:</span><span>0</span><span class='hsx-ramp' "
              f"style='display: inline-block; width: 140px; height: 10px; background: {ramp}'></span><span>1</span>"
              f"<span class='hsx-note'>{escape(SINKS_SCALE_NOTE if short else SCALE_NOTE)}</span></div>")

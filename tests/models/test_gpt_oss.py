@@ -160,6 +160,14 @@ def test_scale_note_says_rows_sum_below_one_only_with_learned_sinks():
     full = torch.tensor([[1.0, 0.0], [0.25, 0.75]])  # [query, key]: rows sum to 1
     assert "sum to 1)" in pattern_view(full, ["a", "b"]).html and "less than 1" not in pattern_view(full, ["a", "b"]).html
     assert "sum to less than 1" in pattern_view(full * 0.7, ["a", "b"]).html
+    # diff read B2: a bfloat16 softmax's rows miss 1 by its rounding (0.998 here), which is no learned sink
+    rows = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])  # [query, key]
+    rounded = rows.to(torch.bfloat16) * torch.tensor(0.998, dtype=torch.bfloat16)  # 0.99609375 in bfloat16
+    assert float(rounded.float().sum(-1).min()) < 1 - 1e-3
+    assert "less than 1" not in pattern_view(rounded, ["a", "b", "c"]).html
+    assert "sum to less than 1" in pattern_view(rounded * 0.8, ["a", "b", "c"]).html
+    # a model's own fact decides where one is given (show_attention(model, prompt, layer=...))
+    assert "sum to less than 1" in pattern_view(full, ["a", "b"], sinks=True).html
 
 
 def test_position_stats_learned_sinks_by_hand():
