@@ -88,7 +88,8 @@ def _finding(s: Mapping[str, Any]) -> str:
         per = {name.split(" from the ")[0]: round(f * defined[name]) for name, f in per.items() if f is not None}
         which = f"; {', '.join(f'{name} {c}' for name, c in per.items())}" if per else ""
         parts.append(f"For last-layer attention, {k} of {tests} per-example taus ({_pct(frac)}{which}) are significant "
-                     "at p < 0.05 (Kendall's exact test; its normal approximation where scores tie or over 33 tokens), "
+                     "at p < 0.05 (Kendall's exact test; with tied scores a permutation test over every ordering up to 8 "
+                     "tokens; its normal approximation beyond), "
                      "uncorrected "
                      f"(Wilson 95% CI {_pct(lo)}-{_pct(hi)}; 5% would be by chance)"
                      + (f"; {n} examples are too few to say how often attention agrees." if 0 < n < FEW else "."))

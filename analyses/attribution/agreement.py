@@ -6,8 +6,9 @@ agrees significantly when p < alpha. `kendall_matrix` computes tau-b (ties handl
 vector pairs at once from pairwise sign matrices. Its p-value is the exact one (scipy.stats.kendalltau's
 method="exact": the null distribution of discordant pairs over the m! orderings) where neither ranking has ties
 and m <= EXACT_MAX_TOKENS, as scipy's "auto" chooses (review 19d A3: at 4 tokens a perfect ranking has p = 2/4! =
-0.083, which the normal approximation called 0.042, significant); with ties or more tokens, the normal
-approximation with tie correction (method="asymptotic"). Calling scipy once per pair costs about 4 ms, and an
+0.083, which the normal approximation called 0.042, significant); with ties, the permutation p over all m! orderings
+up to TIED_EXACT_MAX_TOKENS (review 19w B1); with ties over that or more tokens, the normal approximation with tie
+correction (method="asymptotic"). Calling scipy once per pair costs about 4 ms, and an
 example has hundreds of pairs (every head against every method).
 Summaries give the mean and standard deviation of tau and the fraction significant per group;
 `paired_differences` compares two attention kinds (rollout against the last layer) on the same examples
@@ -26,6 +27,7 @@ from headscope.analyses.core.chance import holm, t_half_width
 
 AttentionKey = tuple  # (attention kind, layer or None, head or None)
 EXACT_MAX_TOKENS = 33  # scipy.stats.kendalltau's method="auto" takes the exact null up to this size, without ties
+TIED_EXACT_MAX_TOKENS = 8  # with ties, the permutation null over all m! orderings (40,320 at 8) up to this size
 
 
 def discordance_cdf(m: int) -> np.ndarray:
@@ -35,6 +37,26 @@ def discordance_cdf(m: int) -> np.ndarray:
     for i in range(2, m + 1):
         dist = np.convolve(dist, np.full(i, 1.0 / i))
     return np.minimum(np.cumsum(dist), 1.0)
+
+
+_TIED_NULL: dict[tuple, np.ndarray] = {}
+
+
+def tied_null(a_ranks: tuple, b_ranks: tuple) -> np.ndarray:
+    """Sorted |S| (concordant minus discordant pairs) over all m! orderings of b's values against a's, for rankings
+    with ties (review 19w B1: the normal approximation called (0,0,1,1,2) against 1..5 significant, p 0.037, where the
+    permutation p is 0.067). The distribution depends on the two multisets of ranks only, so it is cached by them."""
+    key = (a_ranks, b_ranks)
+    if key not in _TIED_NULL:
+        from itertools import permutations
+
+        m = len(a_ranks)
+        i, j = np.triu_indices(m, k=1)
+        a, b = np.asarray(a_ranks, dtype=float), np.asarray(b_ranks, dtype=float)
+        orders = b[np.array(list(permutations(range(m))))]  # [m!, m]
+        s = np.sign(orders[:, i] - orders[:, j]) @ np.sign(a[i] - a[j])  # [m!]
+        _TIED_NULL[key] = np.sort(np.abs(s))
+    return _TIED_NULL[key]
 
 
 def _tie_counts(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -49,7 +71,8 @@ def _tie_counts(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 def kendall_matrix(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Kendall tau-b and two-sided p-values between every row of a [k, m] and of b [j, m] -> [k, j] each: the exact
-    p where neither row has ties and m <= EXACT_MAX_TOKENS, else the normal approximation (module docstring).
+    p where neither row has ties and m <= EXACT_MAX_TOKENS, the permutation p with ties up to TIED_EXACT_MAX_TOKENS,
+    else the normal approximation (module docstring).
 
     NaN where a row is constant (tau undefined) or m < 3.
     """
@@ -82,6 +105,12 @@ def kendall_matrix(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
             dis = np.rint((tot - s) / 2).astype(int)  # discordant pairs where nothing ties
             low = np.clip(np.minimum(dis, int(tot) - dis), 0, int(tot))
             p = np.where(untied, np.minimum(2 * cdf[low], 1.0), p)
+        if m <= TIED_EXACT_MAX_TOKENS and not untied.all():  # ties: the permutation p over all m! orderings
+            ra = [tuple(sorted(stats.rankdata(row))) for row in a]
+            rb = [tuple(sorted(stats.rankdata(row))) for row in b]
+            for r, c in zip(*np.nonzero(~untied)):
+                null = tied_null(ra[r], rb[c])  # [m!] sorted
+                p[r, c] = (len(null) - np.searchsorted(null, abs(s[r, c]) - 1e-9)) / len(null)
     undefined = (tot - xt)[:, None] * (tot - yt)[None, :] == 0
     tau = np.where(undefined, np.nan, np.clip(tau, -1, 1))
     p = np.where(undefined, np.nan, np.minimum(p, 1.0))

@@ -787,7 +787,12 @@ def test_a_perfect_ranking_of_4_tokens_is_not_significant():
     assert row["n_tokens"] == 4
 
 
-def test_seven_tokens_take_scipys_exact_p_and_ties_keep_the_normal_approximation():
+def test_seven_tokens_take_scipys_exact_p_and_ties_a_permutation_p_over_every_ordering():
+    """19d A3 and 19w B1: without ties scipy's exact p; with ties up to 8 tokens the permutation p over all m! orderings
+    (by hand with scipy's tau-b), as (0, 0, 1, 1, 2) against 1..5: 8 of 120 orderings reach |tau| 0.894, p 0.067,
+    where the normal approximation said 0.037, significant; over 8 tokens with ties the normal approximation."""
+    from itertools import permutations
+
     a = np.array([[3.0, 1.0, 4.0, 1.5, 5.0, 9.0, 2.0]])
     b = np.array([[2.0, 0.5, 3.0, 1.0, 7.0, 6.0, 4.0], [2.0, 0.5, 3.0, 1.0, 7.0, 7.0, 4.0]])  # row 1: a tie
     tau, p = kendall_matrix(a, b)
@@ -795,7 +800,19 @@ def test_seven_tokens_take_scipys_exact_p_and_ties_keep_the_normal_approximation
     # by hand: 3 discordant pairs of 21 (tau 15/21); P(D <= 3) for 7 tokens = (1 + 6 + 20 + 49) / 5040 (Mahonian)
     assert abs(exact.pvalue - 2 * 76 / 5040) < 1e-12
     assert abs(tau[0, 0] - 15 / 21) < 1e-12 and abs(p[0, 0] - exact.pvalue) < 1e-12
-    assert abs(p[0, 1] - kendalltau(a[0], b[1], method="asymptotic").pvalue) < 1e-12
+
+    def by_hand(x, y):
+        seen = abs(kendalltau(x, y).statistic)
+        taus = [abs(kendalltau(x, np.array(o)).statistic) for o in permutations(y)]
+        return float(np.mean([t >= seen - 1e-12 for t in taus]))
+    assert abs(p[0, 1] - by_hand(a[0], b[1])) < 1e-12
+    x, y = np.array([[0.0, 0.0, 1.0, 1.0, 2.0]]), np.array([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    tau, p = kendall_matrix(x, y)
+    assert abs(p[0, 0] - 8 / 120) < 1e-12 and abs(p[0, 0] - by_hand(x[0], y[0])) < 1e-12
+    assert kendalltau(x[0], y[0], method="asymptotic").pvalue < 0.05  # what the normal approximation said
+    nine = np.array([[0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]])
+    tau, p = kendall_matrix(nine, nine[:, ::-1].copy())
+    assert abs(p[0, 0] - kendalltau(nine[0], nine[0, ::-1], method="asymptotic").pvalue) < 1e-12
 
 
 def test_paired_rollout_differences_match_scipy_ttest_rel():

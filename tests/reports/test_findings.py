@@ -589,8 +589,9 @@ def test_attribution_names_rollout_when_raw_attention_disagrees_and_sizes_its_si
     # no paired per-example test in the summary: rollout's higher means are not called better
     assert "does better" not in text and "not shown to do better" in text and "no paired test" in text
     # Wilson interval of 8 / 16: 0.5 -+ 0.220
-    assert ("8 of 16 per-example taus (50%) are significant at p < 0.05 (Kendall's exact test; its normal approximation "
-            "where scores tie or over 33 tokens), uncorrected (Wilson 95% CI 28%-72%") in text
+    assert ("8 of 16 per-example taus (50%) are significant at p < 0.05 (Kendall's exact test; with tied "
+            "scores a permutation test over every ordering up to 8 tokens; its normal approximation beyond), "
+            "uncorrected (Wilson 95% CI 28%-72%") in text
     assert "4 examples are too few" in text
     weak = {**s, "mean_tau_rollout_gradient": 0.1, "mean_tau_rollout_loo": 0.05}
     assert ("weak for rollout too (tau from 0.05 to 0.10): attention weights are a poor stand-in"
