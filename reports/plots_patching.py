@@ -700,7 +700,7 @@ def _aligned_note(summary: Mapping[str, Any]) -> str:
              if isinstance(r, Mapping) and isinstance(r.get("effect"), (int, float)) and math.isfinite(r["effect"])]
     if not sizes:
         return ""
-    return (f" The finding's effects at each prompt's corrupted token (up to {max(sizes) / scale(summary)[0]:.2f} in the "
+    return (f" The finding's effects at each prompt's corrupted token (up to {max(sizes) / abs(scale(summary)[0]):.2f} in the "
             "map's units) are aligned on that token, which sits at different places from the end, so they are not "
             "cells of these end-aligned maps and may exceed their scale.")
 

@@ -3699,5 +3699,7 @@ def test_exact_map_captions_say_the_aligned_effects_are_no_cells_of_the_maps():
             "token, which sits at different places from the end, so they are not cells of these end-aligned maps and "
             "may exceed their scale.")
     assert said in (caption_for("exact_head_out", s) or "")
+    flipped = {**s, "clean_metric": -4.034, "corrupted_metric": 5.356}  # the diff read's B3: clean below corrupted
+    assert "(up to 1.00 in the map's units)" in (caption_for("exact_head_out", flipped) or "")  # |9.39 / -9.39|
     s["at_corrupted_token"]["from_end"] = {"-5": 8}
     assert "aligned on that token" not in (caption_for("exact_head_out", s) or "")
