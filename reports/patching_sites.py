@@ -227,7 +227,7 @@ def _effect_ci(cell: Mapping[str, Any], gap: float | None, floor: float | None =
     near = min(ci, key=abs)  # the raw end nearest 0
     if floor and min(ci) * max(ci) > 0 and abs(near) < floor:
         said += (f", which reaches 0 within rounding: its end nearest 0, {near:+.2g}{' ' + unit if unit else ''}, lies "
-                 f"within the rounding floor, {floor:.2g}")
+                 f"within the rounding floor ({floor:.2g}{' ' + unit if unit else ''})")
     return said
 
 

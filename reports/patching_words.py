@@ -126,7 +126,9 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
     def share(cell: Mapping[str, Any]) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
         effect = cell["effect"]
         text = f"{effect / gap:.2f} of the clean-corrupted gap" if gap else f"{effect:.2f}"
-        return text + _effect_ci(cell, gap, *rounding) + (f" ({effect:+.3g} {metric})" if gap else "")
+        ci = _effect_ci(cell, gap, *rounding)  # review 19w B2: after the floor's clause, the effect is named as such
+        return text + ci + ((f"; the effect itself {effect:+.3g} {metric}" if "rounding floor (" in ci else
+                             f" ({effect:+.3g} {metric})") if gap else "")
 
     notes: list[str] = []  # what the ties of the cells named imply (heads sharing KV heads, a shared effect)
 
@@ -234,7 +236,7 @@ def _tie(kc: tuple, others: list, gap: float | None, s: Mapping[str, Any] | None
     """', tied with <cell> (share, CI)' for one tied cell; for several, ', tied with L0H3, L0H2 and L0H0 (0.08-0.10
     each, all four within each other's 95% intervals)' (or each within the named cell's and it within theirs)."""
     kind, cell = kc
-    if not others:
+    if not others or cell.get("within_rounding"):  # review 19w B2: cells tied with one not told apart from 0 say nothing
         return ""
     where = [_where(kind, o, s).split(" at ", 1)[1] for o in others]
     if any(ci_pair(o.get("vs_top")) for o in others):  # review 19e B1: paired differences from the top cell

@@ -127,3 +127,22 @@ def test_finding_says_an_effect_within_the_rounding_floor_instead_of_its_interva
     assert ("(0.00, within the rounding floor of 0 (+0.011 logit difference against 0.075, 40 examples): not told "
             "apart from 0)") in said, said
     assert "[0.00, 0.00]" not in said and "95% CI [0.10, 0.16] over 40 examples" in said
+
+
+def test_a_top_cell_within_the_rounding_floor_lists_no_ties_and_names_its_effect_apart_from_the_floor():
+    """Review 19w B2: the top k cell within rounding of 0 listed six KV heads 'not told apart' from it (ties with a
+    cell that is itself no evidence say nothing), and the floor's clause '..., 0.075 (+0.0891 logit difference)' read
+    as the floor in logits: the floor carries its unit, the effect is named as such."""
+    top = {"layer": 0, "head": 0, "pos": None, "token": "all", "effect": 0.0108, "ci": [0.0026, 0.019], "n": 40,
+           "within_rounding": True}
+    other = {"layer": 0, "head": 1, "pos": None, "token": "all", "effect": 0.0101, "ci": [0.002, 0.018], "n": 40,
+             "within_rounding": True, "vs_top": [-0.002, 0.003]}
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 40, "clean_metric": 9.55,
+         "corrupted_metric": -9.56, "n_heads": 4, "n_kv_heads": 2, "top_sites": {"k": [top, other]},
+         "rounding_floor": {"floor": 0.0747, "basis": "one rounding step", "n_cells": 0}}
+    said = finding("patching", s)
+    assert "not told apart from 0" in said and "not told apart from layer" not in said and "tied with" not in said, said
+    wide = {**top, "effect": 0.5, "ci": [0.05, 0.95], "within_rounding": False}
+    said = finding("patching", {**s, "top_sites": {"k": [wide]}})
+    assert ("its end nearest 0, +0.05 logit difference, lies within the rounding floor (0.075 logit difference); the "
+            "effect itself +0.5 logit difference") in said, said

@@ -3578,7 +3578,8 @@ def test_patching_next_site_whose_interval_clears_0_only_by_rounding_is_said_to_
                                      "ci": [0.02531291837509375, 10.591874581624907], "n": 8}]}}
     text = finding("patching", s)
     assert ("Next, at other sites: head_out at L0H0 (0.30, 95% CI [0.00, 0.60] over 8 examples, which reaches 0 within "
-            "rounding: its end nearest 0, +0.025 logit difference, lies within the rounding floor, 0.07).") in text
+            "rounding: its end nearest 0, +0.025 logit difference, lies within the rounding floor (0.07 logit "
+            "difference)).") in text
     s["top_sites"]["head_out"][0]["ci"] = [0.5, 10.1]
     assert "within rounding" not in finding("patching", s)
 
