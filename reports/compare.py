@@ -464,6 +464,8 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
     rows = [("model", (ma.get("model") or {}).get("name"), (mb.get("model") or {}).get("name")),
             ("task", ca.get("task") or "default", cb.get("task") or "default"), ("seed", ma.get("seed"), mb.get("seed")),
             ("--quick", bool(ca.get("quick")), bool(cb.get("quick"))),
+            # review 19w C1: a run of some analyses against one of all (its sections' absence said under Not compared)
+            ("analyses run", _analyses_text(ca), _analyses_text(cb)),
             ("--n-examples", ca.get("n_examples"), cb.get("n_examples")),
             ("budget (minutes)", ca.get("budget_minutes"), cb.get("budget_minutes")),
             # review 7 A6: a precision change alone moves rounding-level results (older manifests: not recorded)
@@ -489,6 +491,12 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
     same = same_model_words(a, b)  # review 15c C1: a dtype copy of one model is no model difference
     return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}"
             + (f" ({same})." if what == "model" and same else ".") for what, x, y in rows if x != y]
+
+
+def _analyses_text(config: Mapping[str, Any]) -> str | None:
+    """The analyses a run's report holds, in the manifest's order ("heads, patching"), None where not recorded."""
+    names = config.get("analyses")
+    return ", ".join(str(n) for n in names) if isinstance(names, (list, tuple)) and names else None
 
 
 def _task_text(record: Mapping[str, Any]) -> str:

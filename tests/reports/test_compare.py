@@ -590,6 +590,9 @@ def test_compare_of_a_run_with_heads_against_one_without_names_what_b_lacks_and_
     assert f"<li>Only A has heads: B has no result there ({why}).</li>" in not_compared
     assert f"<li>Head importance: B has none ({why}); only the other run is drawn.</li>" in not_compared
     assert "<img" in page[page.index("id='importance'"):]  # A's map is still drawn
+    settings = html.unescape(page[page.index("id='settings'"):page.index("id='differences'")])
+    a_ran = io.read_json(tmp_path / "a" / "manifest.json")["config"].get("analyses")
+    assert f"<li>analyses run: A {', '.join(a_ran) if a_ran else 'not set'}, B position, patching.</li>" in settings  # 19w C1
     page = compare_html(Run(tmp_path / "b"), Run(tmp_path / "a"))  # the other order, which worked before
     assert "<li>Only B has heads: A has no result there (" in html.unescape(page)
 
