@@ -85,14 +85,14 @@ def bridge_boot_kwargs(config: Any, name: str) -> dict[str, Any]:
         return {}
     view = _view(config)
     archs = [str(a) for a in (getattr(view, "architectures", None) or [])]
+    if tl_architecture(config) is not None:
+        return {}
     alias = next((a for a in archs if a in ALIASES), None)
-    if alias is not None and tl_architecture(config) is None:
+    if alias is not None:
         import transformers
 
         return {"hf_config_overrides": {"original_architecture": ALIASES[alias]},
                 "model_class": getattr(transformers, alias)}
-    if tl_architecture(config) is not None:
-        return {}
     arch = archs[0] if archs else "no architectures entry"
     model_type = getattr(view, "model_type", None)
     raise UnsupportedModelError(

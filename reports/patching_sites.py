@@ -206,6 +206,15 @@ def _head(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None
     return f"layer {layer}'s KV head {head} (read by query heads {head * per}-{head * per + per - 1}: {sharing} attention)"
 
 
+def reaches_zero_by_rounding(cell: Mapping[str, Any], floor: float | None) -> bool:
+    """Whether a cell's interval excludes 0 only by an end within the rounding floor of 0 (review 14c B3), where its
+    effect is not itself within the floor: _effect_ci then says it reaches 0 within rounding."""
+    ci, effect = ci_pair(cell.get("ci")), _num(cell.get("effect"))
+    if not floor or ci is None or (effect is not None and (abs(effect) <= floor or cell.get("within_rounding"))):
+        return False
+    return min(ci) * max(ci) > 0 and abs(min(ci, key=abs)) < floor
+
+
 def _effect_ci(cell: Mapping[str, Any], gap: float | None, floor: float | None = None, unit: str = "") -> str:
     """', 95% CI [lo, hi] over n examples' of a top site's effect (its recorded t interval over the
     per-example effects; where the finding states a share of the gap, the share's own interval: share_span); ''
@@ -225,7 +234,7 @@ def _effect_ci(cell: Mapping[str, Any], gap: float | None, floor: float | None =
     lo, hi = share_span(cell, gap) if gap else (ci[0], ci[1])
     said = f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
     near = min(ci, key=abs)  # the raw end nearest 0
-    if floor and min(ci) * max(ci) > 0 and abs(near) < floor:
+    if reaches_zero_by_rounding(cell, floor):
         said += (f", which reaches 0 within rounding: its end nearest 0, {near:+.2g}{' ' + unit if unit else ''}, lies "
                  f"within the rounding floor ({floor:.2g}{' ' + unit if unit else ''})")
     return said

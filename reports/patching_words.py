@@ -35,6 +35,7 @@ from headscope.reports.patching_sites import (
     differing_positions,
     end_words,
     entering,
+    reaches_zero_by_rounding,
     reaching,
     share,
     thin,
@@ -126,9 +127,9 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
     def share(cell: Mapping[str, Any]) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
         effect = cell["effect"]
         text = f"{effect / gap:.2f} of the clean-corrupted gap" if gap else f"{effect:.2f}"
-        ci = _effect_ci(cell, gap, *rounding)  # review 19w B2: after the floor's clause, the effect is named as such
-        return text + ci + ((f"; the effect itself {effect:+.3g} {metric}" if "rounding floor (" in ci else
-                             f" ({effect:+.3g} {metric})") if gap else "")
+        said = (f"; the effect itself {effect:+.3g} {metric}" if reaches_zero_by_rounding(cell, rounding[0])  # 19w B2:
+                else f" ({effect:+.3g} {metric})")  # after the floor's clause, the effect is named as such
+        return text + _effect_ci(cell, gap, *rounding) + (said if gap else "")
 
     notes: list[str] = []  # what the ties of the cells named imply (heads sharing KV heads, a shared effect)
 
