@@ -15,6 +15,12 @@ the others, a shared neuron's is sigmoid(shared gate) times its activation (Deep
 `shared_experts`: its activation, ungated), so the sum of the
 sub-updates m_i v_i is the MoE block's output as Hugging Face computes it (`moe_coefficients`;
 `hooks.capture` reads site "mlp_post" this way on such models).
+
+GPT-OSS's experts (models.moe_layout.interleaved: gate and up interleaved, per-expert biases, a clamped SwiGLU)
+are read exactly too: keys and gate keys carry their biases (`key_bias`, `gate_key_bias`), a routed neuron's
+coefficient is the router's weight times the experts' own activation of its (gate, up) pair, and each expert's
+output bias b_e, which belongs to no neuron, is `expert_bias`: the block's output is sum_i m_i v_i + sum_e w_e b_e
+(`routed_bias`, w the router's weights on the experts, site "expert_weights").
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from headscope.models.hooked_model import raw_module
-from headscope.models.moe_layout import expert_layout, moe_modules, moe_parts
+from headscope.models.moe_layout import expert_layout, interleaved, moe_modules, moe_parts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +42,15 @@ class MLPMemories:
     out_bias: torch.Tensor  # [d_model] (zeros where the model has none)
     expert: torch.Tensor | None = None  # [d_mlp] each memory's expert (MoE; n_experts: the shared expert)
     neuron: torch.Tensor | None = None  # [d_mlp] each memory's neuron within its expert (MoE)
+    gate_key_bias: torch.Tensor | None = None  # [d_mlp] the gate rows' biases (GPT-OSS's experts)
+    expert_bias: torch.Tensor | None = None  # [n_experts, d_model] each expert's output bias, times its router weight
+
+    def routed_bias(self, expert_weights: torch.Tensor) -> torch.Tensor:
+        """sum_e w_e b_e: [..., n_experts] router weights (0 where not chosen) -> [..., d_model]; the part of a
+        GPT-OSS block's output that no neuron writes (zeros where the experts have no output biases)."""
+        if self.expert_bias is None:
+            return expert_weights.new_zeros(*expert_weights.shape[:-1], self.values.shape[1])
+        return expert_weights @ self.expert_bias.to(expert_weights.dtype)
 
     @property
     def gated(self) -> bool:
@@ -74,6 +89,8 @@ def mlp_memories(model, layer: int) -> MLPMemories:
 
 
 def _moe_memories(layer: int, router, experts, shared, shared_gate) -> MLPMemories:
+    if interleaved(experts):
+        return _interleaved_memories(layer, experts)
     up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()  # [E, 2 d_e, d_model], [E, d_model, d_e]
     n_experts, d_e = up.shape[0], down.shape[2]
     gate_keys, keys, values = [up[:, :d_e].flatten(0, 1)], [up[:, d_e:].flatten(0, 1)], [down.transpose(1, 2).flatten(0, 1)]
@@ -93,16 +110,30 @@ def _moe_memories(layer: int, router, experts, shared, shared_gate) -> MLPMemori
                        expert=torch.cat(expert), neuron=torch.cat(neuron))
 
 
+def _interleaved_memories(layer: int, experts) -> MLPMemories:
+    """GPT-OSS's experts as memories: gate_up_proj [E, d_model, 2 d_e] (gate on even columns, up on odd ones),
+    down_proj [E, d_e, d_model], their biases kept (see the module doc)."""
+    up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()  # [E, d_model, 2 d_e], [E, d_e, d_model]
+    bias = experts.gate_up_proj_bias.detach()  # [E, 2 d_e]
+    n_experts, d_e = down.shape[0], down.shape[1]
+    return MLPMemories(layer=layer, keys=up[..., 1::2].transpose(1, 2).flatten(0, 1).contiguous(),  # [E d_e, d_model]
+                       values=down.flatten(0, 1).contiguous(),  # [E d_e, d_model]
+                       gate_keys=up[..., ::2].transpose(1, 2).flatten(0, 1).contiguous(),
+                       key_bias=bias[:, 1::2].flatten().contiguous(), gate_key_bias=bias[:, ::2].flatten().contiguous(),
+                       out_bias=torch.zeros(down.shape[2], dtype=down.dtype, device=down.device),
+                       expert_bias=experts.down_proj_bias.detach(),
+                       expert=torch.arange(n_experts).repeat_interleave(d_e), neuron=torch.arange(d_e).repeat(n_experts))
+
+
 def is_moe(model, layer: int) -> bool:
-    """Whether block `layer`'s MLP is a mixture of experts (memories per expert where moe_modules reads its layout;
-    GPT-OSS's is one, whose memories are refused: review 19b A1)."""
+    """Whether block `layer`'s MLP is a mixture of experts (memories per expert where moe_modules reads its layout)."""
     return moe_parts(getattr(model.bridge.blocks[layer], "mlp", None)) is not None
 
 
 def expert_memories(model, layer: int) -> bool:
     """Whether block `layer` is a mixture of experts whose memories moe_modules reads (site mlp_post then holds
-    every expert's coefficients); False on a dense MLP and on a layout it refuses (GPT-OSS's: mlp_post stays the
-    hook's own value there, as before review 19b)."""
+    every expert's coefficients); False on a dense MLP and on a layout it refuses (mlp_post stays the hook's own
+    value there)."""
     from headscope.errors import UnsupportedModelError
 
     try:
@@ -113,7 +144,7 @@ def expert_memories(model, layer: int) -> bool:
 
 def memories_gap(model) -> str | None:
     """Why the MLP memories cannot be read on `model`: the first mixture-of-experts layer whose layout moe_modules
-    refuses (GPT-OSS's), in one line; None where every layer's can (review 19b A1: the mlp analysis failed late)."""
+    refuses, in one line; None where every layer's can (review 19b A1: the mlp analysis failed late)."""
     from headscope.errors import UnsupportedModelError
 
     for layer, block in enumerate(getattr(getattr(model, "bridge", None), "blocks", None) or []):
@@ -136,11 +167,14 @@ def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     are (DeepSeek's shared_experts, added ungated)."""
     router, experts, shared, shared_gate = moe_modules(model.bridge.blocks[layer].mlp)
     flat = x.reshape(-1, x.shape[-1])  # [N, d_model]
-    up = experts.gate_up_proj  # [E, 2 d_e, d_model]
+    up = experts.gate_up_proj  # [E, 2 d_e, d_model]; GPT-OSS: [E, d_model, 2 d_e] interleaved, biased
     n_experts = up.shape[0]
     mix = moe_routing(model, layer, flat)["expert_weights"].to(flat.dtype)  # [N, E] 0 where not chosen
     parts = []
     for e in range(n_experts):
+        if interleaved(experts):  # GPT-OSS: its own clamped SwiGLU on (gate, up) = gate_up[..., ::2], [..., 1::2]
+            parts.append(experts._apply_gate(flat @ up[e] + experts.gate_up_proj_bias[e]) * mix[:, e:e + 1])
+            continue
         gate, lin = torch.nn.functional.linear(flat, up[e]).chunk(2, dim=-1)  # [N, d_e] each
         parts.append(experts.act_fn(gate) * lin * mix[:, e:e + 1])
     if shared is not None:

@@ -233,7 +233,8 @@ class CacheHabits:
         "bias": [components, batch, pos, d_model], in TransformerLens's order and labels. On a
         mixture of experts the neurons are the memories of hooks.memories (every routed expert's,
         router weight included, "L1E0N0", ..., then the shared expert's, "L1SN0", ...), which sum
-        to the MoE block's output.
+        to the MoE block's output (GPT-OSS: less its experts' output biases times their router weights, which
+        no neuron writes and "bias" holds).
 
         "bias" is the rest of the stream (the attention output biases, and the MLP output biases
         when neurons are expanded; 0 up to rounding for bias-free models): computed as the stream

@@ -35,14 +35,16 @@ def moe_parts(mlp: torch.nn.Module):
 
 
 def moe_modules(mlp: torch.nn.Module):
-    """moe_parts for a mixture-of-experts MLP of the stacked layout the memories read (gate_up_proj [expert,
-    2 d_expert, d_model], down_proj [expert, d_model, d_expert], no expert biases); None for a dense MLP. A layout
-    this module does not know (GPT-OSS's: transposed, gate and up interleaved, biased, clamped SwiGLU) is an
-    UnsupportedModelError in one line, never numbers from the wrong weights."""
+    """moe_parts for a mixture-of-experts MLP of a layout the memories read: the stacked one (gate_up_proj [expert,
+    2 d_expert, d_model], down_proj [expert, d_model, d_expert], no expert biases) or GPT-OSS's (`interleaved`);
+    None for a dense MLP. Any other layout is an UnsupportedModelError in one line, never numbers from the wrong
+    weights."""
     parts = moe_parts(mlp)
     if parts is None:
         return None
     experts = parts[1]
+    if interleaved(experts):
+        return parts
     up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
     if (not isinstance(up, torch.Tensor) or not isinstance(down, torch.Tensor) or up.ndim != 3
             or getattr(experts, "is_transposed", False) or up.shape[1] != 2 * down.shape[2]
@@ -51,9 +53,24 @@ def moe_modules(mlp: torch.nn.Module):
 
         raise UnsupportedModelError(
             f"{type(raw_module(mlp)).__name__}: MLP memories read mixtures of experts with stacked gate_up_proj "
-            f"[expert, 2 d_expert, d_model] and down_proj weights and no expert biases only; this one stores "
-            f"{_layout_words(experts)}.")
+            f"[expert, 2 d_expert, d_model] and down_proj weights and no expert biases, or GPT-OSS's layout, only; "
+            f"this one stores {_layout_words(experts)}.")
     return parts
+
+
+def interleaved(experts) -> bool:
+    """Whether `experts` is GPT-OSS's layout (GptOssExperts): gate_up_proj [expert, d_model, 2 d_expert] with gate
+    and up interleaved along its last axis (gate_up[..., ::2], gate_up[..., 1::2]), gate_up_proj_bias [expert,
+    2 d_expert], down_proj [expert, d_expert, d_model], down_proj_bias [expert, d_model] and a clamped SwiGLU
+    (expert_activation). The memories read it exactly (hooks.memories): each expert's output bias is added times
+    the router's weight on the expert."""
+    up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    up_bias, down_bias = getattr(experts, "gate_up_proj_bias", None), getattr(experts, "down_proj_bias", None)
+    if expert_activation(experts) is None or not all(isinstance(t, torch.Tensor) for t in (up, down, up_bias, down_bias)):
+        return False
+    n, d_model, two_e = up.shape if up.ndim == 3 else (None, None, None)
+    return (up.ndim == 3 and down.ndim == 3 and two_e % 2 == 0 and tuple(down.shape) == (n, two_e // 2, d_model)
+            and tuple(up_bias.shape) == (n, two_e) and tuple(down_bias.shape) == (n, d_model))
 
 
 def _layout_words(experts) -> str:

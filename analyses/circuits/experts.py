@@ -23,11 +23,14 @@ from headscope.hooks import site
 
 
 def expert_sites(model) -> list[str]:
-    """The mixture-of-experts blocks' coefficient sites ("mlp_post") where the memories read the experts (GPT-OSS's
-    layout is refused there: its blocks keep their one mlpN row, as before review 19b), [] on a dense model."""
+    """The mixture-of-experts blocks' coefficient sites ("mlp_post") where the memories read the experts, and the
+    router's weights ("expert_weights") on blocks whose experts have output biases (GPT-OSS: an expert's write is
+    its neurons' plus its router weight times its bias), [] on a dense model."""
     from headscope.hooks.memories import expert_memories
 
-    return [site("mlp_post", layer) for layer in hooks.moe_layers(model) if expert_memories(model, layer)]
+    layers = [layer for layer in hooks.moe_layers(model) if expert_memories(model, layer)]
+    return [site("mlp_post", layer) for layer in layers] + [
+        site("expert_weights", layer) for layer in layers if hooks.mlp_memories(model, layer).expert_bias is not None]
 
 
 @torch.no_grad()
@@ -43,7 +46,7 @@ def expert_rows(model, acts, positions: torch.Tensor, slots: torch.Tensor, direc
     scale = acts["ln_final.hook_scale"][rows, positions.to(acts["ln_final.hook_scale"].device)] \
         if "ln_final.hook_scale" in acts else None  # [batch, 1]
     frames = []
-    for name in expert_sites(model):
+    for name in (n for n in expert_sites(model) if n.endswith("hook_post")):
         layer = int(name.split(".")[1])
         memories = hooks.mlp_memories(model, layer)
         m = acts[name][rows.to(acts[name].device), slots.to(acts[name].device)].float()  # [batch, memories]
@@ -51,6 +54,10 @@ def expert_rows(model, acts, positions: torch.Tensor, slots: torch.Tensor, direc
         ids = experts.unique().tolist()
         values = memories.values.float().to(m.device)  # [memories, d_model]
         writes = torch.stack([m[:, experts == e] @ values[experts == e] for e in ids], dim=1)  # [batch, expert, d_model]
+        if memories.expert_bias is not None:  # GPT-OSS: each expert's output bias times the router's weight on it
+            mix = acts[site("expert_weights", layer)]
+            mix = mix[rows.to(mix.device), slots.to(mix.device)].float().to(m.device)  # [batch, expert]
+            writes = writes + mix[:, :, None] * memories.expert_bias.float().to(m.device)  # [batch, expert, d_model]
         writes = writes * float(getattr(model.bridge.blocks[layer], "residual_contribution_scale", 1.0))  # GraniteMoe
         norm = post_mlp_norm(model.bridge.blocks[layer])
         if norm is not None:  # the block's output passes a norm of its own before the residual add
@@ -65,6 +72,8 @@ def expert_rows(model, acts, positions: torch.Tensor, slots: torch.Tensor, direc
             writes = frozen_norm(norm, pre, normed.to(writes.device), offset=offset)(writes)
         value = project(model, writes.transpose(0, 1), scale, directions)  # [expert, batch]
         routed = torch.stack([(m[:, experts == e] != 0).any(-1) for e in ids], dim=1)  # [batch, expert]
+        if memories.expert_bias is not None:  # the router's own choice (a chosen expert's neurons may all be 0)
+            routed = mix[:, ids] != 0
         shared = hooks.expert_layout(model, layer).n_experts
         frames.append(pd.DataFrame({
             "example": examples.repeat_interleave(len(ids)).numpy(),

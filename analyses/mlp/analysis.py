@@ -222,7 +222,8 @@ def sub_updates_at(model, tokens: torch.Tensor, layer: int, position: int = -1, 
                    attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Coefficients m [batch, d_mlp] and sub-updates m_i v_i [batch, d_mlp, d_model] at one position.
 
-    Their sum over neurons plus the output bias is the MLP output there. attention_mask [batch, pos]
+    Their sum over neurons plus the output bias is the MLP output there (GPT-OSS: plus its experts' output biases
+    times the router's weights, hooks.MLPMemories.routed_bias). attention_mask [batch, pos]
     for padded tokens (left padding: position -1 is every row's last real token).
     """
     name = hooks.site("mlp_post", model.check_layer(layer))

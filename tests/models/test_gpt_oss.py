@@ -12,7 +12,6 @@ import headscope as hs
 from headscope.analyses.core import contract
 from headscope.analyses.kv.analysis import _sink_records, sink_stats
 from headscope.analyses.mlp.analysis import NEEDS as MLP_NEEDS
-from headscope.errors import UnsupportedModelError
 from headscope.hooks.memories import moe_routing
 from headscope.models import particulars
 from headscope.reports.findings import sink_sentence
@@ -108,29 +107,45 @@ def test_gpt_oss_kv_sink_baseline_over_the_keys(tiny_gpt_oss):
     assert "its multiple of the uniform share of the mass that reaches the keys" in text
 
 
-def test_gpt_oss_moe_recognised_and_memories_refused_in_one_line(tiny_gpt_oss):
+def test_gpt_oss_moe_recognised_and_its_memories_exact_by_hand(tiny_gpt_oss):
     """A1: every layer is a mixture of experts (heads' mixture_of_experts reads moe_layers); its router's choice is
-    HF's (top-2 of router logits, softmax over the two: by hand); the memories refuse its layout in one line before
-    any work (the mlp analysis skipped with that reason, no late ConfigError)."""
+    HF's (top-2 of router logits, softmax over the two: by hand). The memories read GPT-OSS's layout exactly: each
+    neuron's coefficient is the router's weight times the clamped SwiGLU of its interleaved (gate, up) pair with
+    their biases (written out here, not HF's _apply_gate), and the neurons' writes plus the routed output biases are
+    Hugging Face's MoE block output on the same input."""
     hf, model = tiny_gpt_oss
     assert hs.hooks.moe_layers(model) == [0, 1]
+    assert hs.hooks.memories_gap(model) is None and contract.model_reasons(MLP_NEEDS, model) == []
     layout = hs.hooks.expert_layout(model, 0)
     assert (layout.n_experts, layout.expert_width, layout.top_k, layout.renormalised) == (4, 16, 2, True)
     x = torch.randn(5, 32, generator=torch.Generator().manual_seed(0))
-    router = hf.model.layers[0].mlp.router
+    block = hf.model.layers[0].mlp
+    router, experts = block.router, block.experts
     with torch.no_grad():
         logits = x @ router.weight.T + router.bias  # [5, 4]
         top, idx = logits.topk(2, dim=-1)
         weights = torch.zeros(5, 4).scatter_(1, idx, torch.softmax(top, -1))
         got = moe_routing(model, 0, x)
+        by_hand = []
+        for e in range(4):
+            gate = x @ experts.gate_up_proj[e][:, 0::2] + experts.gate_up_proj_bias[e][0::2]  # [5, 16]
+            up = x @ experts.gate_up_proj[e][:, 1::2] + experts.gate_up_proj_bias[e][1::2]
+            g, u = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+            by_hand.append(weights[:, e:e + 1] * (u + 1) * g * torch.sigmoid(1.702 * g))
+        by_hand = torch.cat(by_hand, -1)  # [5, 64] expert by expert
+        coefficients = hs.hooks.moe_coefficients(model, 0, x)
+        memories = hs.hooks.mlp_memories(model, 0)
+        out = block(x[None])  # GptOssMLP: (output, router scores)
+        hf_out = (out[0] if isinstance(out, tuple) else out)[0]  # [5, 32]
     assert torch.equal(got["expert_indices"].sort(-1).values, idx.sort(-1).values)
     torch.testing.assert_close(got["expert_weights"], weights)
-    gap = hs.hooks.memories_gap(model)
-    assert gap is not None and "\n" not in gap and gap.startswith("layer 0: GptOssMLP: MLP memories read")
-    assert "gate and up interleaved, per-expert biases and a clamped SwiGLU (limit 7, alpha 1.702, up + 1)" in gap
-    assert contract.model_reasons(MLP_NEEDS, model) == [gap]
-    with pytest.raises(UnsupportedModelError, match="GptOssMLP"):
-        hs.mlp_memories_analysis(model, layers=(0,))
+    torch.testing.assert_close(coefficients, by_hand, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(x @ memories.gate_keys.T + memories.gate_key_bias, torch.cat(
+        [x @ experts.gate_up_proj[e][:, 0::2] + experts.gate_up_proj_bias[e][0::2] for e in range(4)], -1))
+    assert memories.expert.tolist() == [e for e in range(4) for _ in range(16)]
+    torch.testing.assert_close(memories.output(coefficients) + memories.routed_bias(weights), hf_out, atol=1e-5, rtol=1e-5)
+    res = hs.mlp_memories_analysis(model, layers=(0,))
+    assert len(res.df) > 0
 
 
 def test_gpt_oss_resumed_passes_check_quietly(tiny_gpt_oss):
@@ -247,10 +262,11 @@ def test_explorer_data_names_first_token_and_learned_sink_apart(tiny_gpt_oss):
         assert data["scores"][LEARNED][layer] == pytest.approx(want.tolist(), abs=1e-3)
 
 
-def test_gpt_oss_dla_keeps_each_moe_block_as_one_row_summing_to_the_logit_difference(tiny_gpt_oss):
-    """Diff read B1: once GPT-OSS's blocks counted as mixtures of experts, DLA tried the per-expert split the memories
-    refuse on this layout and circuits failed after the lens. Now each block keeps its one mlpN row, no per-expert
-    table, and the rows of each example sum to Hugging Face's logit difference (no soft-cap, float32) by hand."""
+def test_gpt_oss_dla_splits_each_moe_block_by_expert_with_its_biases(tiny_gpt_oss):
+    """Each example's DLA rows sum to Hugging Face's logit difference (no soft-cap, float32, by hand), and the
+    per-expert rows of each block (neurons' writes plus the router's weight times the expert's output bias) sum to its
+    mlpN row, which reads the block's own output: without the routed biases they would not. Two experts are routed
+    per example and layer (top-2)."""
     from headscope.analyses import circuits
     from headscope.analyses.core.tasks import Task
 
@@ -258,9 +274,12 @@ def test_gpt_oss_dla_keeps_each_moe_block_as_one_row_summing_to_the_logit_differ
     answers, wrong = torch.tensor([30, 31]), torch.tensor([32, 33])
     task = Task(name="toy", tokens=TOKENS, corrupted_tokens=TOKENS.flip(0), answers=answers, wrong_answers=wrong)
     res = circuits.direct_logit_attribution(model, task)
-    assert "dla_experts" not in res.tables
-    dla = res.tables["dla"]
+    dla, experts = res.tables["dla"], res.tables["dla_experts"]
     assert {"mlp0", "mlp1"} <= set(dla.component)
+    mlp = dla[dla.kind == "mlp"].set_index(["example", "layer"]).contribution.sort_index()
+    split = experts.groupby(["example", "layer"]).contribution.sum().sort_index()
+    assert split.to_numpy() == pytest.approx(mlp.to_numpy(), abs=1e-5)
+    assert experts.groupby(["example", "layer"]).routed.sum().tolist() == [2] * 4
     with torch.no_grad():
         last = hf(TOKENS).logits[:, -1].double()  # [2, vocab]
     by_hand = (last[[0, 1], answers] - last[[0, 1], wrong]).tolist()
