@@ -538,7 +538,8 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         # post-LN blocks (OPT, do_layer_norm_before=False): through their own block's LayerNorm (review 16d A5)
         "values_through_post_ln": bool(getattr(model.facts, "post_ln", False)),
         "gated_mlp": model.facts.gated_mlp,
-        "mlp_act": getattr(model.facts, "mlp_act", None),  # the activation's config name (relu2: squared coefficients)
+        # the activation's config name (relu2: squared coefficients); the experts' own where they ignore it (GPT-OSS)
+        "mlp_act": getattr(model.facts, "expert_act", None) or getattr(model.facts, "mlp_act", None),
         # the three neurons with the largest mean update at the answer, with their expert and its routing (the finding
         # names them with n_routed in words: a mean over examples counts the zeros of those not routed to the expert)
         "top_neurons": [_named(row, experts) for row in table.head(3).itertuples()],

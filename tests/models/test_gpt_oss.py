@@ -145,7 +145,7 @@ def test_gpt_oss_moe_recognised_and_its_memories_exact_by_hand(tiny_gpt_oss):
     assert memories.expert.tolist() == [e for e in range(4) for _ in range(16)]
     torch.testing.assert_close(memories.output(coefficients) + memories.routed_bias(weights), hf_out, atol=1e-5, rtol=1e-5)
     res = hs.mlp_memories_analysis(model, layers=(0,))
-    assert len(res.df) > 0
+    assert len(res.df) > 0 and res.summary["mlp_act"] == "clamped SwiGLU (limit 7, alpha 1.702, up + 1)"
 
 
 def test_gpt_oss_resumed_passes_check_quietly(tiny_gpt_oss):
