@@ -520,8 +520,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                                "out and named in the title. On a mixture-of-experts model a tick \"mlpN (MoE)\" is the "
                                "whole block (every expert the router chose and any shared expert); plain mlpN a dense MLP.",
     "circuits_dla_experts": "Direct logit attribution per expert (logits) of each mixture-of-experts block (one panel "
-                            "per MoE layer, every panel on one scale symmetric about 0): each expert's write into the "
-                            "answer-minus-wrong logit direction (the answer's own without wrong answers), mean over "
+                            "per MoE layer, every panel on one scale symmetric about 0): each expert's write (its "
+                            "neurons' and, where experts have output biases as GPT-OSS's, its bias times the router's "
+                            "weight on it) into the answer-minus-wrong logit direction (the answer's own without wrong "
+                            "answers), mean over "
                             "examples (bar: red toward the answer, blue away) with its 95% t interval; an example the router "
                             "did not send to the expert counts 0, "
                             "and each tick gives the examples routed to it of n. The shared expert (Qwen2-MoE) is "
