@@ -30,7 +30,7 @@ from headscope.errors import (
     OfflineModelError,
     TokenizationWarning,
 )
-from headscope.models import bridge_support, config_facts, falcon_qkv, qkv_sites, state_space, threads
+from headscope.models import bridge_support, config_facts, falcon_qkv, fp32_keep, qkv_sites, state_space, threads
 from headscope.models.conversion_check import check_conversion
 from headscope.models.hooked_model import HookedModel, facts_from_bridge, layer_windows
 from headscope.models.token_text import round_trip_problem
@@ -214,7 +214,7 @@ def load_model(
     if tokenizer is not None and not chosen:
         _check_vocabulary(tokenizer, location)
     try:
-        with _remote_code_refused(name, trust_remote_code), falcon_qkv.grouped_split():
+        with _remote_code_refused(name, trust_remote_code), falcon_qkv.grouped_split(), fp32_keep.hf_float32_kept():
             bridge = TransformerBridge.boot_transformers(location, **kwargs)
     except _unreadable_weights() as err:  # files the pre-check could not see (a hub download, a race)
         raise ModelFileError(

@@ -191,3 +191,34 @@ def expert_layout(model, layer: int) -> ExpertLayout | None:
                                 routed_scaling_factor=float(_setting(router, block, "routed_scaling_factor", default=1.0)),
                                 n_group=int(_setting(router, block, "num_group", "n_group", default=1)),
                                 topk_group=int(_setting(router, block, "topk_group", default=1))) if sigmoid else {}))
+
+
+def choice_scores(model, layer: int, logits: torch.Tensor) -> tuple[torch.Tensor, str, torch.dtype]:
+    """(scores [..., expert], what they are, the dtype the router computes them in) that block `layer`'s router ranks to
+    choose its top-k experts, from its logits [..., expert] (site router_logits), as Hugging Face's router computes
+    them: DeepSeek-V3's and Glm4-MoE's sigmoid(logits) + e_score_correction_bias, -inf outside the topk_group groups
+    it keeps (groups ranked by the sum of their two best scores); Ernie 4.5-MoE's softmax(logits) + moe_statics'
+    correction bias, in float32; the logits themselves elsewhere (a softmax or a top-k softmax keeps their order), in
+    the model's dtype. Ranking the raw logits instead names the wrong pair of experts wherever a correction bias
+    reorders them (review 20e A1)."""
+    router, _, _, _ = moe_parts(model.bridge.blocks[layer].mlp)
+    block = raw_module(model.bridge.blocks[layer].mlp)
+    statics = getattr(router, "moe_statics", None)  # Ernie 4.5-MoE: softmax, then the correction bias for the choice
+    if isinstance(getattr(statics, "e_score_correction_bias", None), torch.Tensor):
+        bias = statics.e_score_correction_bias.detach().reshape(-1).float().to(logits.device)  # [expert]
+        return (torch.softmax(logits.float(), dim=-1) + bias, "softmax of the logits plus the correction bias",
+                torch.float32)
+    bias = getattr(router, "e_score_correction_bias", None)
+    if not isinstance(bias, torch.Tensor):
+        return logits, "logits", model.dtype
+    scores = logits.float().sigmoid() + bias.detach().float().to(logits.device)  # [..., expert]
+    groups = int(_setting(router, block, "num_group", "n_group", default=1) or 1)
+    keep = int(_setting(router, block, "topk_group", default=groups) or groups)
+    if groups > 1 and keep < groups:
+        flat = scores.reshape(-1, groups, scores.shape[-1] // groups)  # [N, group, expert in group]
+        best = flat.topk(min(2, flat.shape[-1]), dim=-1).values.sum(-1)  # [N, group]
+        chosen = torch.zeros_like(best).scatter_(1, best.topk(keep, dim=-1).indices, 1.0).bool()  # [N, group]
+        flat = flat.masked_fill(~chosen[..., None], float("-inf"))
+        scores = flat.reshape(scores.shape)
+    return scores, "sigmoid of the logits plus the correction bias" + (
+        f", within the {keep} of {groups} groups it keeps" if groups > 1 and keep < groups else ""), torch.float32

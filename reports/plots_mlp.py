@@ -692,20 +692,26 @@ def rounded_count(s: Mapping[str, Any], t: Mapping[str, Any]) -> str:
 
 def routing_words(s: Mapping[str, Any]) -> str:
     """In half precision, on how many examples the router's top-k choice at the answer position is within one
-    rounding step of its logits (the k-th and the next logit at most one step of the dtype apart, as
-    analyses/mlp routing_margins counts them: review 16b B2), per MoE layer
-    (review 11c C2); "" in float32 or where the summary does not record it."""
+    rounding step of the scores it ranks (the k-th and the next at most one step of their dtype apart, as
+    analyses/mlp routing_margins counts them: review 16b B2; the logits, or where the router chooses on a sigmoid or
+    softmax plus a correction bias, those: review 20e A1), per MoE layer (review 11c C2); "" in float32 or where the
+    summary does not record it."""
     near, dtype = s.get("routing_within_rounding"), s.get("routing_dtype")
     if not isinstance(near, Mapping) or not near or not dtype:
         return ""
     n = _num(s.get("n_task_examples"))
     ks = {e.get("top_k") for l, e in _experts(s).items() if str(l) in near}
     choice = f"top-{ks.pop()} choice" if len(ks) == 1 and None not in ks else "top-k choice"
+    kinds = {str(v) for v in (s.get("routing_score") or {}).values() if not str(v).startswith("logits")}
+    what = f" ({'; '.join(sorted(kinds))})" if kinds else ""
     if not any(_num(v) for v in near.values()):
         return (f"In {dtype}, no example's {choice} of experts at the answer position is within one rounding step of "
-                f"the router logits ({_layers([str(l) for l in near])}" + (f", {n:.0f} examples)." if n else ")."))
+                f"the router {'scores it ranks' + what if kinds else 'logits'} "
+                f"({_layers([str(l) for l in near])}" + (f", {n:.0f} examples)." if n else ")."))
     counts = [f"{int(v)}{f' of {n:.0f}' if n else ''} examples at layer {l}" for l, v in near.items()]
-    return (f"In {dtype}, the router's {choice} at the answer position is within one rounding step of its logits "
-            f"(the last chosen and the next logit at most one step apart) on {and_join(counts)}: a per-expert "
+    unit = "score" if kinds else "logit"
+    return (f"In {dtype}, the router's {choice} at the answer position is within one rounding step of "
+            f"{'the scores it ranks' + what if kinds else 'its logits'} "
+            f"(the last chosen and the next {unit} at most one step apart) on {and_join(counts)}: a per-expert "
             "claim there may rest on a choice that rounding made, routed counts included (each count that such a "
             "choice could move gives its range).")

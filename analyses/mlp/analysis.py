@@ -381,12 +381,17 @@ def router_sites(model, layers: Sequence[int]) -> list[str]:
 def routing_margins(model, task: Task, layers: Sequence[int],
                     acts: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """In half precision (bfloat16, float16), how close each MoE layer's top-k router choice at each example's answer
-    position is to rounding: the margin between the k-th and the (k+1)-th router logit, in steps of the dtype at the
-    larger of the two (eps * 2^floor(log2 |x|)). Returns {"routing_dtype", "routing_within_rounding" {layer: examples
-    whose margin is at most one step}, "routing_margin_steps_min" {layer: the least margin, in steps},
-    "routing_near_ties" {layer: [{"example", "chosen": the k-th expert, "next": the (k+1)-th}] of those examples}}; empty in
-    float32 or without MoE layers (a per-expert claim rests on these choices: review 11c C2). acts: `router_sites`
-    at each row's answer position where the caller captured them (_answer_activations); None: captured here."""
+    position is to rounding: the margin between the k-th and the (k+1)-th of the scores the router ranks for its
+    choice (models.moe_layout.choice_scores: the logits, or a sigmoid or softmax of them plus a correction bias), in
+    steps of the dtype the router computes them in at the larger of the two (eps * 2^floor(log2 |x|)). Returns
+    {"routing_dtype" (the model's), "routing_within_rounding" {layer: examples whose margin is at most one step},
+    "routing_margin_steps_min" {layer: the least finite margin, in steps; None where no example has a next expert it
+    could choose}, "routing_near_ties" {layer: [{"example", "chosen": the k-th expert, "next": the (k+1)-th}] of those
+    examples}, "routing_score" {layer: what the scores are and their dtype}}; empty in float32 or without MoE layers
+    (a per-expert claim rests on these choices: review 11c C2). acts: `router_sites` at each row's answer position
+    where the caller captured them (_answer_activations); None: captured here."""
+    from headscope.models.moe_layout import choice_scores
+
     dtype = model.dtype
     moe = _margin_layers(model, layers)
     if not moe:
@@ -394,21 +399,24 @@ def routing_margins(model, task: Task, layers: Sequence[int],
     names = router_sites(model, layers)
     if acts is None:
         acts = _answer_activations(model, task, names)  # {site: [batch, experts]}: dtype values, exact in float32
-    within, least, ties = {}, {}, {}
+    within, least, ties, what = {}, {}, {}, {}
     for layer, name in zip(moe, names):
         k = hooks.expert_layout(model, layer).top_k
-        ranked, order = acts[name].sort(-1, descending=True)  # [batch, experts] logits and the experts they belong to
-        last, nxt = ranked[:, k - 1], ranked[:, k]  # [batch] the last chosen logit and the next one
+        scores, words, computed = choice_scores(model, layer, acts[name])  # [batch, experts] what the router ranks
+        ranked, order = scores.sort(-1, descending=True)  # [batch, experts] scores and the experts they belong to
+        last, nxt = ranked[:, k - 1], ranked[:, k]  # [batch] the last chosen score and the next one (-inf: none)
         _, exponent = torch.frexp(torch.maximum(last.abs(), nxt.abs()))  # |x| = m 2^e, m in [0.5, 1)
-        step = torch.finfo(dtype).eps * torch.pow(2.0, (exponent - 1).float())  # [batch] one step of the dtype there
-        margin = (last - nxt) / step  # [batch] in steps
+        step = torch.finfo(computed).eps * torch.pow(2.0, (exponent - 1).float())  # [batch] one step there
+        margin = torch.where(torch.isfinite(nxt), (last - nxt) / step, torch.full_like(step, float("inf")))  # [batch]
         within[str(layer)] = int((margin <= 1).sum())
-        least[str(layer)] = float(margin.min())
+        finite = margin[torch.isfinite(margin)]
+        least[str(layer)] = float(finite.min()) if finite.numel() else None
         # review 18c B1: which experts each such choice could swap, so a routed count can say how far it may move
         ties[str(layer)] = [{"example": i, "chosen": int(order[i, k - 1]), "next": int(order[i, k])}
                             for i in (margin <= 1).nonzero().reshape(-1).tolist()]
+        what[str(layer)] = f"{words} ({str(computed).removeprefix('torch.')})"
     return {"routing_dtype": str(dtype).removeprefix("torch."), "routing_within_rounding": within,
-            "routing_margin_steps_min": least, "routing_near_ties": ties}
+            "routing_margin_steps_min": least, "routing_near_ties": ties, "routing_score": what}
 
 
 def _against_wrong(updates: pd.DataFrame) -> dict[str, int | None]:

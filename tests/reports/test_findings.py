@@ -2972,6 +2972,11 @@ def test_mlp_finding_names_top_experts_with_their_routing_and_bfloat16_margins()
     assert ("In bfloat16, no example's top-2 choice of experts at the answer position is within one rounding step of "
             "the router logits (layers 0 and 2, 16 examples).") in none
     assert "rounding" not in finding("mlp", {k: v for k, v in s.items() if not k.startswith("routing")})
+    # review 20e A1: a router that ranks a sigmoid plus a correction bias is said to, with the scores' dtype
+    score = {"0": "sigmoid of the logits plus the correction bias (float32)", "2": "logits (bfloat16)"}
+    scored = finding("mlp", {**s, "routing_score": score})
+    assert ("within one rounding step of the scores it ranks (sigmoid of the logits plus the correction bias "
+            "(float32)) (the last chosen and the next score at most one step apart) on 0 of 16") in scored
 
 
 def test_attribution_states_every_method_its_significance_count_counts():
