@@ -44,13 +44,35 @@ def qk_norm(attn: torch.nn.Module, d_head: int) -> str | None:
     return f"{kind} per head" if int(weight.shape[-1]) == d_head else f"{kind} over all heads"
 
 
-def attention_words(rotary: Any, d_head: Any, norm: Any, clip: Any = None) -> list[str]:
+def interleaved_rotary(attn: torch.nn.Module, d_head: int, rotary: int | None) -> bool:
+    """Whether the attention's rotary embedding turns interleaved pairs of dims (2i, 2i + 1: GPT-J style, Glm4's and
+    GLM-4-MoE's apply_rotary_pos_emb) rather than halves (i, i + r/2: Llama's), read off what its modeling module's
+    own apply_rotary_pos_emb does to the first dim at a quarter turn (cos 0, sin 1); False where it cannot be called
+    that way (another signature: GPT-J's own module, MLA)."""
+    import sys
+
+    apply = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+    r = rotary or d_head
+    if not callable(apply) or r < 4:
+        return False
+    q = torch.zeros(1, 1, 1, d_head)  # [batch, head, pos, d_head]: the first dim only
+    q[..., 0] = 1.0
+    try:
+        out = apply(q, q.clone(), torch.zeros(1, 1, r), torch.ones(1, 1, r))[0].reshape(-1)  # [d_head]
+    except Exception:  # noqa: BLE001 - another signature: not told rather than guessed
+        return False
+    return bool(out[1].abs() > 0.5 and out[r // 2].abs() < 0.5)
+
+
+def attention_words(rotary: Any, d_head: Any, norm: Any, clip: Any = None, interleaved: Any = False) -> list[str]:
     """Header phrases: ['partial rotary (4 of each head's 16 dims turned, 12 position-free)', 'q/k LayerNorm per
     head', 'q, k, v clamped to +-2 (clip_qkv)'], or fewer where a fact does not hold (or is not recorded: older
     manifests)."""
     words = []
     if isinstance(rotary, int) and isinstance(d_head, int) and 0 < rotary < d_head:
         words.append(f"partial rotary ({rotary} of each head's {d_head} dims turned, {d_head - rotary} position-free)")
+    if interleaved is True:  # review 20d B: Glm4's pairs are dims (2i, 2i + 1), not (i, i + r/2)
+        words.append("rotary on interleaved pairs of dims (2i, 2i + 1; GPT-J style)")
     if isinstance(norm, str) and norm:
         words.append(f"q/k {norm}")
     if isinstance(clip, (int, float)) and not isinstance(clip, bool):

@@ -178,6 +178,8 @@ def header_words(model: Mapping[str, Any]) -> list[str]:
     mlp = ([f"{act} MLP ({SQUARED[act]}) without a gate"] if act in SQUARED and not model.get("gated_mlp")
            and not model.get("experts_per_layer") else [])
     norms = ["norms LayerNorm1P (weight applied as 1 + w)"] if model.get("norm_one_plus") is True else []
+    if isinstance(model.get("norm_placement"), str):  # review 20d: Gemma 2/3's and Glm4's sandwich, OLMo 2/3's post-norm
+        norms.append(f"norms {model['norm_placement']}")
     return cap_words(model.get("final_softcap"), model.get("attn_softcap")) + (
         [w] if (w := rope_words(model.get("rope_bases"), windowed)) else []) + (
         [w] if (w := nope_words(model.get("nope_layers"))) else []) + mlp + norms  # review 19c A1
@@ -248,11 +250,30 @@ def repr_words(facts: Any, windowed: Iterable[int] = ()) -> str:
         out += "rope_theta=(" + words.removeprefix("rotary base ").replace(" and ", "; ") + "), "
     if words := nope_words(getattr(facts, "nope_layers", ())):  # review 19c A1
         out += words + ", "
+    if getattr(facts, "norm_placement", None):
+        out += f"norms={facts.norm_placement}, "
     if facts.attn_softcap:
         out += f"attn_softcap={facts.attn_softcap:g}, "
     if facts.final_softcap:
         out += f"final_logit_softcap={facts.final_softcap:g}, "
     return out
+
+
+def norm_placement(bridge: Any) -> str | None:
+    """Where every block's norms sit, where it is not the usual pre-norm: 'before and after each sublayer' (Gemma 2/3,
+    Glm4: ln1/ln2 and ln1_post/ln2_post on every block of the bridge), 'after each sublayer only' (OLMo 2/3:
+    ln1_post/ln2_post without ln1/ln2); None otherwise (review 20d B: the header said neither)."""
+    blocks = list(getattr(bridge, "blocks", None) or [])
+    if not blocks:
+        return None
+    has = lambda b, n: getattr(b, n, None) is not None  # noqa: E731
+    if not all(has(b, "ln1_post") and has(b, "ln2_post") for b in blocks):
+        return None
+    if all(has(b, "ln1") and has(b, "ln2") for b in blocks):
+        return "before and after each sublayer"
+    if not any(has(b, "ln1") or has(b, "ln2") for b in blocks):
+        return "after each sublayer only"
+    return None
 
 
 SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")

@@ -104,6 +104,8 @@ class ModelFacts:
     # Review 17a C3 (models/attention_layout.py): the dims of each head rotary turns where fewer than d_head
     # (StableLM's partial_rotary_factor 0.25: 4 of 16), and the q/k norm ("LayerNorm per head"), else None.
     rotary_dims: int | None = None
+    rotary_interleaved: bool = False  # review 20d: Glm4 turns dims (2i, 2i + 1) (attention_layout.interleaved_rotary)
+    norm_placement: str | None = None  # review 20d: "before and after each sublayer" (Gemma 2/3, Glm4), "after ..."
     qk_norm: str | None = None
     # Review 18c A5: OLMo / OLMoE clamp q, k and v to +-clip_qkv after the projection (and q/k norm), MPT its fused
     # Wqkv output to +-attn_config.clip_qkv (review 19a A1); None: no clamp.
@@ -117,6 +119,7 @@ class ModelFacts:
     # activation where they ignore hidden_act ("clamped SwiGLU (limit 7, alpha 1.702, up + 1)").
     learned_sinks: bool = False
     attention_bias: bool = False
+    attention_bias_on: tuple[str, ...] = ()  # review 20d A1: which projections carry one ("q", "k", "v", "output")
     rope_scaling: str | None = None
     expert_act: str | None = None
 
@@ -203,7 +206,9 @@ def _attention_facts(bridge: Any, d_head: int | None, positional: str) -> dict[s
     config = getattr(getattr(bridge, "original_model", None), "config", None)
     rotary = attention_layout.rotary_dims(raw, config, d_head) if positional == "rotary" else None
     return {"rotary_dims": rotary, "qk_norm": attention_layout.qk_norm(raw, d_head),
-            "clip_qkv": qkv_sites.clip_qkv(raw, config)}  # MPT's attn_config.clip_qkv too (review 19a A1)
+            "clip_qkv": qkv_sites.clip_qkv(raw, config),  # MPT's attn_config.clip_qkv too (review 19a A1)
+            "rotary_interleaved": positional == "rotary" and attention_layout.interleaved_rotary(raw, d_head, rotary),
+            "norm_placement": config_facts.norm_placement(bridge)}
 
 
 # HF config fields that bound a model's positions (GPT-2's n_positions, Llama's max_position_embeddings, ...)
@@ -489,7 +494,7 @@ class HookedModel(TLHabits):
         f = self.facts
         kind = "encoder" if f.is_encoder else "decoder"
         attention = "".join(w + ", " for w in attention_layout.attention_words(f.rotary_dims, f.d_head, f.qk_norm,
-                                                                                 f.clip_qkv))
+                                                                                 f.clip_qkv, f.rotary_interleaved))
         return (
             f"HookedModel({f.name!r}: {f.family} {kind}, {f.n_layers} layers x {f.n_heads} heads "
             f"({f.n_kv_heads} KV), {attention}d_model={f.d_model}, {self._mlp_repr()}, n_ctx={f.context_words}, "

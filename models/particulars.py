@@ -49,11 +49,41 @@ def expert_act(bridge: Any) -> str | None:
     return None
 
 
+_PROJECTIONS = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("output", "o_proj"))
+
+
+def biased_projections(bridge: Any) -> tuple[str, ...]:
+    """Which of the first block's attention projections carry a bias, read off its Hugging Face modules ("q", "k",
+    "v", "output"): config.attention_bias does not say (Glm4's is True with o_proj unbiased, review 20d A1); () where
+    the attention has no separate q/k/v/o projections (a fused qkv: the bias words then follow the config)."""
+    from headscope.models.hooked_model import raw_module
+
+    blocks = list(getattr(bridge, "blocks", None) or [])
+    attn = raw_module(blocks[0].attn) if blocks and getattr(blocks[0], "attn", None) is not None else None
+    mods = [(name, getattr(attn, attr, None)) for name, attr in _PROJECTIONS]
+    if attn is None or not all(isinstance(m, torch.nn.Module) for _, m in mods):
+        return ()
+    return tuple(name for name, m in mods if isinstance(getattr(m, "bias", None), torch.Tensor))
+
+
 def facts(bridge: Any, config: Any) -> dict[str, Any]:
-    """ModelFacts' learned_sinks, attention_bias, rope_scaling and expert_act."""
+    """ModelFacts' learned_sinks, attention_bias (and which projections: attention_bias_on), rope_scaling and
+    expert_act."""
     bias = getattr(config, "attention_bias", None)
-    return {"learned_sinks": learned_sinks(bridge), "attention_bias": bias is True,
+    on = biased_projections(bridge) if bias is True else ()
+    return {"learned_sinks": learned_sinks(bridge), "attention_bias": bias is True, "attention_bias_on": on,
             "rope_scaling": rope_scaling(config), "expert_act": expert_act(bridge)}
+
+
+def bias_words(on: Any) -> str:
+    """'attention biases on q, k and v (none on the output)', 'attention biases on q, k, v and the output' (also where
+    the projections were not read: an older manifest, a fused qkv)."""
+    on = [str(x) for x in on or () if str(x) in ("q", "k", "v", "output")]
+    if not on or on == ["q", "k", "v", "output"]:
+        return "attention biases on q, k, v and the output"
+    names = [("the output" if x == "output" else x) for x in on]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"attention biases on {listed}" + ("" if "output" in on else " (none on the output)")
 
 
 def header_words(model: Mapping[str, Any]) -> list[str]:
@@ -65,7 +95,7 @@ def header_words(model: Mapping[str, Any]) -> list[str]:
         share = model.get("learned_sink_share")
         words.append(SINK_WORDS + (f" (mean {share:.3f} of a row on this data)" if isinstance(share, float) else ""))
     if model.get("attention_bias"):
-        words.append("attention biases on q, k, v and the output")
+        words.append(bias_words(model.get("attention_bias_on")))
     if isinstance(model.get("rope_scaling"), str):
         words.append(model["rope_scaling"])
     if isinstance(model.get("expert_act"), str):  # review 19b A3: not the config's hidden_act
@@ -79,7 +109,8 @@ def repr_words(facts: Any) -> str:
     if getattr(facts, "learned_sinks", False):
         out += "learned_sinks=True (each row's weights over the keys sum to less than 1), "
     if getattr(facts, "attention_bias", False):
-        out += "attention_bias=True, "
+        on = getattr(facts, "attention_bias_on", ())
+        out += "attention_bias=True" + (f" ({bias_words(on).removeprefix('attention biases ')})" if on else "") + ", "
     if getattr(facts, "rope_scaling", None):
         out += f"rope_scaling={facts.rope_scaling}, "
     return out

@@ -428,7 +428,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
              f"{_kv_clause(model)}, "
              # review 17a C3: partial rotary and q/k norms change what "positional" and the kv norm sentences read
              + "".join(w + ", " for w in attention_words(model.get("rotary_dims"), model.get("d_head"), model.get("qk_norm"),
-                                                  model.get("clip_qkv")))
+                                                  model.get("clip_qkv"), model.get("rotary_interleaved")))
              + f"d_model {model.get('d_model', '?')}")
     if isinstance(model.get("mla"), dict):  # review 15d C4: the per-head widths of multi-head latent attention
         from headscope.models.hooked_model import mla_words

@@ -75,10 +75,10 @@ def test_cfg_reads_as_transformer_lens_configs_give_gemma(gemmas):
 def test_print_model_names_the_scales_caps_and_rotary_bases(gemmas):
     """C1: print(model) names the x8 embedding, the score scale, the rotary bases where layers differ and the caps."""
     assert ("sliding_window=8 on layer 0, embed_scale=8, attention_scale=0.204124 (not 1/sqrt(16)), rope_theta=(10000 "
-            "on the sliding-window layers; 1e+06 on the global ones), final_logit_softcap=5, dtype=float32"
-            ) in repr(gemmas["gemma3"])
-    assert ("embed_scale=8, attention_scale=0.204124 (not 1/sqrt(16)), attn_softcap=3, final_logit_softcap=6, "
-            "dtype=float32") in repr(gemmas["gemma2"])
+            "on the sliding-window layers; 1e+06 on the global ones), norms=before and after each sublayer, "
+            "final_logit_softcap=5, dtype=float32") in repr(gemmas["gemma3"])
+    assert ("embed_scale=8, attention_scale=0.204124 (not 1/sqrt(16)), norms=before and after each sublayer, "
+            "attn_softcap=3, final_logit_softcap=6, dtype=float32") in repr(gemmas["gemma2"])
 
 
 def test_report_header_names_the_scales_caps_and_rotary_bases(tmp_path, gemmas):
@@ -94,7 +94,7 @@ def test_report_header_names_the_scales_caps_and_rotary_bases(tmp_path, gemmas):
     write_report_files(tmp_path, [], {}, info)  # the facts as the manifest's JSON holds them
     want = ("d_model 64, scalings: embedding x8, attention scores x0.204124 (not 1/sqrt(d_head)), final logits "
             "soft-capped: 5 tanh(logit / 5), rotary base 10000 on the sliding-window layers and 1e+06 on the global ones, "
-            "layer 0 attends over a sliding window of 8 keys (the others globally)")
+            "norms before and after each sublayer, layer 0 attends over a sliding window of 8 keys (the others globally)")
     assert md_escape(want) in (tmp_path / "report.md").read_text()
     # bases that do not follow the windows are listed by layer
     assert rope_words((1e4, 1e4, 1e6, 1e4), [0, 1]) == "rotary base 10000 on layers 0, 1, 3 and 1e+06 on layer 2"
