@@ -120,5 +120,6 @@ def rounded_fingerprint(folder: str | os.PathLike | None, dtype: str) -> str | N
             rows = [part[i:i + 1] for i in picks]  # [1, ...] each
         for row in rows:
             value = row.to(target) if row.is_floating_point() else row  # integer buffers as stored
-            h.update(value.contiguous().view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+            # reshape(-1): a 0-dim tensor (Apertus' xIELU alpha_p, beta...) cannot be viewed as bytes (review 20b A1)
+            h.update(value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if value.numel() else b"")
     return h.hexdigest()

@@ -6,6 +6,7 @@ temporary file 0600; it is given the mode a plain open() would (0666 less the um
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 import tempfile
@@ -56,7 +57,13 @@ def write_json(path: Path, data: Any) -> Path:
 
 
 def write_csv(path: Path, df: pd.DataFrame) -> Path:
-    return _atomic(path, lambda tmp: df.to_csv(tmp, index=False))
+    """df as CSV, every field read back as written (pandas, the csv module). A string holding a bare carriage return
+    (a token '\r', review 20b A2) is not quoted by the csv module's minimal quoting under a '\n' line end, so a
+    reader split its row: a table with one is written with every non-numeric field quoted."""
+    cr = any(df[c].map(lambda v: isinstance(v, str) and "\r" in v).any()
+             for c in df.columns if df[c].dtype == object or pd.api.types.is_string_dtype(df[c]))
+    quoting = csv.QUOTE_NONNUMERIC if cr else csv.QUOTE_MINIMAL
+    return _atomic(path, lambda tmp: df.to_csv(tmp, index=False, quoting=quoting))
 
 
 def write_figure(path: Path, fig: Any) -> Path:

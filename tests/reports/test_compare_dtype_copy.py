@@ -15,11 +15,11 @@ NO_STEP = "; neither run records this number's rounding step, so the move is not
 
 
 def _folders(root):
-    """./fp32 (float32 weights), ./bf16 (the same cast to bfloat16: round to nearest even) and ./other (fp32 with its
-    first row moved by 1, far past bfloat16's step)."""
+    """./fp32 (float32 weights, a 0-dim parameter among them), ./bf16 (the same cast to bfloat16: round to nearest
+    even) and ./other (fp32 with its first row moved by 1, far past bfloat16's step)."""
     gen = torch.Generator().manual_seed(0)
     weights = {"emb.weight": torch.randn(40, 8, generator=gen), "ln.bias": torch.randn(8, generator=gen),
-               "pos_ids": torch.arange(5)}
+               "pos_ids": torch.arange(5), "mlp.act_fn.alpha_p": torch.tensor(0.8)}  # 0-dim: Apertus' xIELU (20b A1)
     other = {**weights, "emb.weight": weights["emb.weight"].clone()}
     other["emb.weight"][0] += 1.0
     for name, tensors in (("fp32", weights), ("other", other),

@@ -691,3 +691,21 @@ def test_a_swap_refused_by_the_file_system_leaves_the_previous_output_as_it_was(
     assert "\n" not in text and text.startswith(f"Could not finish replacing {str(out)!r}: {os.strerror(errno.EACCES)}")
     assert plan.runs[-2:] == ["kv", "mlp"]  # both ran, in the staging folder that is gone now
     assert snapshot(out) == before and siblings(out) == []
+
+
+def test_csv_fields_with_carriage_returns_read_back_whole(tmp_path):
+    """Review 20b A2 (redone): a token '\\r' (Starcoder2's and byte-level vocabularies hold one) left unquoted split its
+    row for every reader; each field now reads back as written, with pandas and with the csv module, and a table
+    without one keeps its minimal quoting."""
+    import csv
+
+    tokens = ["a\rb", "\r", "c\nd", 'e"f', "g,h", "\x0b", "plain"]
+    df = pd.DataFrame({"token": tokens, "n": range(len(tokens)), "x": [0.5 * i for i in range(len(tokens))]})
+    path = io.write_csv(tmp_path / "t.csv", df)
+    back = pd.read_csv(path, keep_default_na=False)
+    assert back.token.tolist() == tokens and back.n.tolist() == list(range(len(tokens)))
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert [r[0] for r in rows[1:]] == tokens and len(rows) == len(tokens) + 1
+    plain = io.write_csv(tmp_path / "p.csv", df.assign(token=["t"] * len(tokens)))
+    assert plain.read_text().splitlines()[:2] == ["token,n,x", "t,0,0.0"]
