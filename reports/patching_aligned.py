@@ -119,7 +119,13 @@ def _aligned_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str |
         unit = " of the clean-corrupted gap" if first and gap else ""
         return f"at layer {r['layer']} {size}{unit}" + (f" ({', '.join(bits)})" if bits else "")
 
-    said = "; ".join(cell(r, i == 0) for i, r in enumerate(listed))
+    parts = [cell(r, i == 0) for i, r in enumerate(listed)]
+    span = info.get("positions_differ")
+    if (kind == "resid_pre" and _num(listed[0].get("layer")) == 0 and isinstance(span, (list, tuple)) and len(span) == 2
+            and all(_num(x) == 1 for x in span)):  # review 20a B3: the token is each pair's only difference
+        parts[0] += (", by construction (patching the embedding of each pair's only differing token makes the patched "
+                     "run the clean run)")
+    said = "; ".join(parts)
     if rest:
         span = f"layers {rest[0]['layer']}-{rest[-1]['layer']}"
         values = [value(r) for r in rest]

@@ -133,6 +133,24 @@ def differ_offsets(s: Mapping[str, Any]) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
+def rebuilds_clean(s: Mapping[str, Any], kind: str, cell: Mapping[str, Any]) -> bool:
+    """Whether patching this cell turns every corrupted run into its clean one (review 20a B3): the residual stream
+    into layer 0 (the embeddings) at the one position where each pair differs, every pair differing there alone. Its
+    share of the gap is then 1 by construction, whatever the model does."""
+    if kind != "resid_pre" or _num(cell.get("layer")) != 0 or _num(cell.get("from_end")) is None:
+        return False
+    info = s.get("at_corrupted_token")
+    span = info.get("positions_differ") if isinstance(info, Mapping) else None
+    if not (isinstance(span, (list, tuple)) and len(span) == 2 and all(_num(x) == 1 for x in span)):
+        return False
+    places, n = differ_offsets(s), _num(info.get("n")) or _num(s.get("n_examples"))
+    return list(places) == [int(cell["from_end"])] and n is not None and places[int(cell["from_end"])] == n
+
+
+IDENTITY = ("; at layer 0 this is the embedding of the one token where each clean prompt differs from its corrupted "
+            "one, so the patched run is the clean run and its share is 1 by construction, not a finding about the model")
+
+
 SHOWN = 8  # differing positions named; the rest are counted
 
 

@@ -25,6 +25,7 @@ from headscope.reports.patching_aligned import (
 )
 from headscope.reports.patching_sites import (
     DEPTH,
+    IDENTITY,
     _effect_ci,
     _head,
     _where,
@@ -37,6 +38,7 @@ from headscope.reports.patching_sites import (
     entering,
     reaches_zero_by_rounding,
     reaching,
+    rebuilds_clean,
     share,
     thin,
     tied,
@@ -152,14 +154,16 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
         how = ("cells counted from each prompt's end" if column_holds(s, lead[1]) is not None  # older runs: generic
                else "each column one place from the end, averaging whatever tokens the prompts have there")
         said.append(f"End-aligned ({how}), the largest residual cell away from the answer position is the "
-                    f"{name(lead)}: {share(lead[1])}{_column_caveat(s, lead[1])}.")
+                    f"{name(lead)}: {share(lead[1])}{_column_caveat(s, lead[1])}"
+                    f"{IDENTITY if rebuilds_clean(s, *lead) else ''}.")
     elif enter:
         where = (", where the information enters (clean and corrupted differ there)," if depth(*lead) == 0
                  or lead[1].get("from_end") in differ else ",")
         said.append(f"Away from the answer position{where} {run[0].lower()}{run[1:]} moves the metric most at the "
-                    f"{name(lead)}: {share(lead[1])}.")
+                    f"{name(lead)}: {share(lead[1])}{IDENTITY if rebuilds_clean(s, *lead) else ''}.")
     else:
-        said.append(f"{run} moves the metric most at the {name(lead)}: {share(lead[1])}.")
+        said.append(f"{run} moves the metric most at the {name(lead)}: {share(lead[1])}"
+                    f"{IDENTITY if rebuilds_clean(s, *lead) else ''}.")
     if gap and abs(cells[0][1]["effect"] / gap) < 0.05:
         said.append("No single site moves more than 5% of the gap: the effect is spread out or the task is not solved.")
     reach = reaching(rest, whole, gap, normalized) if answer else None

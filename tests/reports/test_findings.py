@@ -2179,6 +2179,10 @@ def test_patching_aligned_on_the_first_of_several_differing_positions_says_so():
     assert "(3 positions differ per prompt; it sits at -8 from the end" in finding("patching", s)
     s["at_corrupted_token"]["positions_differ"] = [1, 1]
     assert "the resid_pre at the corrupted token (each prompt's first position that differs" in finding("patching", s)
+    # review 20a B3: one differing position per pair: layer 0 at it is the clean run by construction, said
+    assert ("restores at layer 0 1.00 of the clean-corrupted gap (95% CI [0.99, 1.01], 8 of 8 prompts, +19.8 logit "
+            "difference), by construction (patching the embedding of each pair's only differing token makes the patched "
+            "run the clean run); at layer 1 0.01 (8 of 8 prompts).") in finding("patching", s)
 
 
 def test_patching_aligns_each_of_several_differing_positions_and_names_the_one_that_matters():
@@ -3091,6 +3095,22 @@ def test_k_and_v_cells_are_named_by_their_kv_head_and_three_cells_give_no_agreem
     assert "v at L0H0: 0.94" in finding("patching", {**s, "n_kv_heads": 4})  # a KV head per query head is that head
 
 
+def test_layer_zero_at_the_one_differing_position_is_said_to_rebuild_the_clean_run():
+    """Review 20a B3 (redone): where each pair differs at one position only, patching the embeddings there (resid_pre,
+    layer 0) makes the corrupted run the clean one: its 1.00 is by construction, said in the lead, start- or
+    end-aligned. Where pairs differ at several positions (review 7's three) it is a measurement and says nothing."""
+    s = _recall()
+    s["at_corrupted_token"] = {**s["at_corrupted_token"], "positions_differ": [1, 1], "differ_from_end": {"-4": 8}}
+    text = finding("patching", s)
+    assert ("moves the metric most at the resid_pre at layer 0, position -4 from the end: 0.96 of the clean-corrupted "
+            "gap, 95% CI [0.91, 1.00] over 8 examples (+19.5 logit difference); at layer 0 this is the embedding of the "
+            "one token where each clean prompt differs from its corrupted one, so the patched run is the clean run and "
+            "its share is 1 by construction, not a finding about the model.") in text
+    assert "by construction, not a finding about the model" not in finding("patching", _recall())
+    half = {**s["at_corrupted_token"], "differ_from_end": {"-4": 5, "-5": 3}}  # prompts differ at other places
+    assert "not a finding about the model" not in finding("patching", {**s, "at_corrupted_token": half})
+
+
 def test_a_tie_at_the_answer_position_is_a_cell_there():
     """Review 9a C5: "It has reached the answer position at the resid_pre at layer 2, position -1 (0.33), tied with
     layer 0, position -8 (0.25)": the tied cell was the corrupted token's, away from the answer position."""
@@ -3277,7 +3297,8 @@ def test_patching_on_a_token_at_different_places_from_the_end_leads_aligned_and_
     lead = ("Patching (denoise, 8 examples) the resid_pre at the corrupted token (each prompt's first position that "
             "differs from its clean prompt; it sits at -6 from the end in 2 prompts, -30 in 2, -35 in 2, -14 in 1 and "
             "-59 in 1, so end-aligned columns split its effect) restores at layer 0 1.00 of the clean-corrupted gap "
-            "(95% CI [0.91, 1.09], 8 of 8 prompts, +15.2 logit difference); at layer 1 0.48 (95% CI [0.24, 0.71], 8 of 8 "
+            "(95% CI [0.91, 1.09], 8 of 8 prompts, +15.2 logit difference), by construction (patching the embedding of "
+            "each pair's only differing token makes the patched run the clean run); at layer 1 0.48 (95% CI [0.24, 0.71], 8 of 8 "
             "prompts); at layer 2 0.005 (95% CI [0.0008, 0.009], 8 of 8 prompts).")  # 0.072 / 15.15 = 0.0048
     assert lead in text
     end = ("the largest residual cell away from the answer position is the resid_pre at layer 0, position -30 from the "
