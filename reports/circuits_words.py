@@ -313,7 +313,8 @@ def _lens_against_guess(s: Mapping[str, Any], first: int, cleared: int | None, p
     rate = f"{_pct(guess)}" + (f" ({round(guess * n)} of {n})" if whole else "")
     where = ("the embeddings" if first == 0 else "the model's output" if n_layers is not None and first >= n_layers
              else f"the input of block {first}")
-    early = (f"top-1 in {kn[0]} of {n} examples at {where} (Wilson 95% CI {_pct(wilson(*kn)[0])}-{_pct(wilson(*kn)[1])})"
+    early = (f"top-1 in {kn[0]} of {n} examples at {where} (Wilson 95% CI {_pct(wilson(*kn)[0])}-{_pct(wilson(*kn)[1])}"
+             f"{_near_top(s, first)})"
              if kn else f"the top-1 share at {where}")
     baseline = f"a constant guess of the commonest answer, which is top-1 on {rate} of these examples"
     if cleared is None:
@@ -361,4 +362,14 @@ def _top1_share(s: Mapping[str, Any], layer: int, per_layer: Mapping[str, Any]) 
     counted = _num((s.get("lens_top1_count_per_layer") or {}).get(str(layer)))
     k = int(counted) if counted is not None else round(frac * n)
     lo, hi = wilson(k, int(n))
-    return f" (top-1 in {k} of {n:.0f} examples, {_pct(frac)}, Wilson 95% CI {_pct(lo)}-{_pct(hi)})"
+    return f" (top-1 in {k} of {n:.0f} examples, {_pct(frac)}, Wilson 95% CI {_pct(lo)}-{_pct(hi)}{_near_top(s, layer)})"
+
+
+def _near_top(s: Mapping[str, Any], layer: int) -> str:
+    """Review 20a B1: '; on 3 of them another token's logit is within one rounding step of the answer's, so rounding
+    could put either first' where the summary counts such examples at `layer` (half precision), else ''."""
+    j = _num((s.get("lens_top1_within_rounding_per_layer") or {}).get(str(layer)))
+    if not j:
+        return ""
+    return (f"; on {j:.0f} of them another token's logit is within one rounding step of the answer's, so rounding "
+            "could put either first")

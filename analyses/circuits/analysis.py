@@ -243,6 +243,7 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
                 "is_answer": is_answer[None].expand_as(read.logprob)[sel].numpy(),
                 "logprob": read.logprob[sel].numpy(),
                 "rank": read.rank[sel].numpy(),
+                "top1_within_rounding": read.near_top[sel].numpy(),  # review 20a B1: top-1 not decided by rounding
                 "logit_diff": read.logit_diff[sel].numpy(),
             }))
         if dla:
@@ -291,6 +292,9 @@ def lens_summary(lens: pd.DataFrame, output_error: float) -> dict:
         "lens_mean_logprob_per_layer": {str(l): float(v) for l, v in per_layer.mean_logprob.items()},
         "lens_top1_fraction_per_layer": {str(l): float(v) for l, v in per_layer.top1_fraction.items()},
         "lens_top1_count_per_layer": {str(l): int(v) for l, v in g["rank"].apply(lambda r: int((r == 0).sum())).items()},
+        # review 20a B1: of those, the examples whose answer is top-1 with another token within one rounding step
+        **({"lens_top1_within_rounding_per_layer": {str(l): int(v) for l, v in g.top1_within_rounding.sum().items()}}
+           if "top1_within_rounding" in at else {}),
         "lens_mean_logit_diff_per_layer": {str(l): (None if pd.isna(v) else float(v))
                                            for l, v in per_layer.mean_logit_diff.items()},
         # its 95% t interval over the examples with a wrong answer (None under two), as the lens figure draws it

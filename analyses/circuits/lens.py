@@ -58,13 +58,16 @@ class LensReadout:
     """Lens values at the selected positions, all [layer (n_layers + 1), batch, pos]:
     log-probability and zero-based rank (strictly larger logits, as TransformerLens) of each
     position's target, the logit difference target - wrong (NaN where no wrong token applies), and
-    the target ids [batch, pos]. output_error: max |last entry - the model's logits| (0 up to rounding)."""
+    the target ids [batch, pos]. output_error: max |last entry - the model's logits| (0 up to rounding). near_top:
+    the target is top-1 (rank 0) but another token's logit lies within one rounding step of the model's dtype below
+    it, so rounding could have put either first (review 20a B1: ties in bfloat16); None where not read."""
 
     logprob: torch.Tensor
     rank: torch.Tensor
     logit_diff: torch.Tensor
     targets: torch.Tensor
     output_error: float
+    near_top: torch.Tensor | None = None
 
 
 BLOCK_BYTES = 64 * 2**20  # float32 lens logits held at once: [rows, positions, vocabulary] of one entry
@@ -94,6 +97,7 @@ def lens_readout(model, acts, positions: torch.Tensor, targets: torch.Tensor,
     shape = (n_layers + 1, batch, k)
     logprob, diff = torch.empty(shape), torch.full(shape, float("nan"))
     rank = torch.empty(shape, dtype=torch.int64)
+    near = torch.zeros(shape, dtype=torch.bool)
     err = 0.0
     cap = final_softcap(model)  # Gemma 2: the model's own last transform of its logits
     w_all = None if wrong is None else wrong.clamp_min(0)
@@ -105,10 +109,15 @@ def lens_readout(model, acts, positions: torch.Tensor, targets: torch.Tensor,
             index = pos.to(state.device)[:, :, None].expand(-1, -1, state.shape[-1])
             picked = state.gather(1, index)[None]  # [1, batch, kc, d_model]
             normed = acts.apply_ln_to_stack(picked, None, recompute_ln=True)  # ln_final, recomputed statistics
-            logits = softcapped(unembed(model, normed[0]).float(), cap)  # [batch, kc, vocab]
+            raw = unembed(model, normed[0])  # [batch, kc, vocab] in the model's dtype
+            logits = softcapped(raw.float(), cap)  # [batch, kc, vocab]
             tgt_logit = logits.gather(-1, tgt_ids.to(logits.device)[..., None])  # [batch, kc, 1]
             logprob[i, :, cols] = (tgt_logit - logits.logsumexp(-1, keepdim=True))[..., 0].cpu()
             rank[i, :, cols] = (logits > tgt_logit).sum(-1).cpu()  # strictly larger logits
+            _, exponent = torch.frexp(tgt_logit.abs())  # |x| = m 2^e, m in [0.5, 1)
+            step = torch.finfo(raw.dtype).eps * torch.pow(2.0, (exponent - 1).float())  # [batch, kc, 1] one step
+            close = (logits >= tgt_logit - step).sum(-1) > 1  # [batch, kc]: another token within a step (or tied)
+            near[i, :, cols] = (close & ((logits > tgt_logit).sum(-1) == 0)).cpu()
             if wrong is not None:
                 w = wrong[:, cols]
                 wl = logits.gather(-1, w_all[:, cols].to(logits.device)[..., None])[..., 0]
@@ -116,7 +125,8 @@ def lens_readout(model, acts, positions: torch.Tensor, targets: torch.Tensor,
             if output is not None and i == n_layers:
                 out = output.gather(1, pos.to(output.device)[:, :, None].expand(-1, -1, output.shape[-1]))
                 err = max(err, float((out.float().to(logits.device) - logits).abs().max()))
-    return LensReadout(logprob=logprob, rank=rank, logit_diff=diff, targets=targets.cpu(), output_error=err)
+    return LensReadout(logprob=logprob, rank=rank, logit_diff=diff, targets=targets.cpu(), output_error=err,
+                       near_top=near)
 
 
 def lens_targets(tokens: torch.Tensor, answers: torch.Tensor, answer_pos: torch.Tensor, target: str,

@@ -579,3 +579,38 @@ def test_expert_rows_read_a_post_mlp_norm_without_an_mlp_out_hook(more_arch_mode
                     want = ((post.weight * w / s / scale) * d).sum(-1)  # [batch]
                     got = rows[(rows.layer == l) & (rows.expert == e)].sort_values("example").contribution
                     torch.testing.assert_close(torch.tensor(got.to_numpy()).float(), want, atol=2e-5, rtol=1e-4)
+
+
+def test_lens_counts_top1_answers_tied_within_rounding(tiny_dirs):
+    """Review 20a B1 (redone): in bfloat16 the lens's top-1 can be a tie. A llama loaded in bfloat16 whose unembedding
+    row of a second token is set to the answer's own (their output logits then equal, by construction) has, at the
+    output row, every example's answer top-1 (rank counts strictly larger logits) and tied: the lens counts it
+    within rounding, and the words say so; the unedited model in float32 counts none."""
+    model = hs.load_model(tiny_dirs["llama"], device="cpu", dtype="bfloat16")
+    tokens = random_tokens(4, 7, seed=11)
+    with torch.no_grad():
+        top = model(tokens)[:, -1].float().argmax(-1)  # [4] each prompt's top token at the output
+    task = Task(name="tie", tokens=tokens, answers=top)
+    twin = next(t for t in range(4, 64) if t not in set(top.tolist()))
+    lm_head = model.bridge.original_model.lm_head
+    before = lm_head.weight[twin].clone()
+    try:
+        with torch.no_grad():
+            lm_head.weight[twin] = lm_head.weight[top[0]]  # token `twin`'s logit equals the answer's on example 0
+        res = circuits.logit_lens(model, task)
+    finally:
+        with torch.no_grad():
+            lm_head.weight[twin] = before
+    last = model.facts.n_layers
+    s = res.summary
+    assert s["lens_top1_count_per_layer"][str(last)] == 4  # ties are not strictly larger: rank 0 for all four
+    assert s["lens_top1_within_rounding_per_layer"][str(last)] >= 1
+    rows = res.tables["lens"]
+    tied = rows[(rows.layer == last) & rows.is_answer & (rows.example == 0)]
+    assert tied.top1_within_rounding.tolist() == [True]
+    from headscope.reports.circuits_words import _top1_share
+
+    words = _top1_share({**s, "n_examples": 4}, last, s["lens_top1_fraction_per_layer"])
+    assert "another token's logit is within one rounding step of the answer's, so rounding could put either first" in words
+    plain = circuits.logit_lens(hs.load_model(tiny_dirs["llama"], device="cpu"), task).summary
+    assert not any(plain["lens_top1_within_rounding_per_layer"].values())
