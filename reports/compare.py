@@ -474,6 +474,7 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
             ("BOS option", bos_option(ca.get("prepend_bos")), bos_option(cb.get("prepend_bos"))),
             ("BOS headscope prepends (the tokenizer adds none)", _bos_added(ca), _bos_added(cb)),
             ("commit", ma.get("git_sha"), mb.get("git_sha"))]
+    rows += architecture_rows(ma.get("model") or {}, mb.get("model") or {})  # review 20c B2
     va, vb = ma.get("versions") or {}, mb.get("versions") or {}
     if isinstance(va, dict) and isinstance(vb, dict):
         rows += [(f"{pkg} version", va.get(pkg), vb.get(pkg)) for pkg in sorted(set(va) | set(vb))]
@@ -491,6 +492,42 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
     same = same_model_words(a, b)  # review 15c C1: a dtype copy of one model is no model difference
     return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}"
             + (f" ({same})." if what == "model" and same else ".") for what, x, y in rows if x != y]
+
+
+ARCHITECTURE = (("family", "architecture"), ("n_layers", "layers"), ("n_heads", "heads per layer"),
+                ("n_kv_heads", "KV heads per layer"), ("d_model", "d_model"), ("d_head", "d_head"), ("d_mlp", "d_mlp"),
+                ("rotary_dims", "rotary dims per head (partial rotary)"), ("rotary_interleaved", "rotary on interleaved pairs"),
+                ("nope_layers", "layers without rotary (NoPE)"), ("qk_norm", "q/k norm"),
+                ("norm_placement", "norm placement"), ("parallel_blocks", "parallel attention and MLP"),
+                ("mlp_act", "MLP activation"), ("gated_mlp", "gated MLP"), ("attention_bias_on", "attention biases on"),
+                ("learned_sinks", "learned attention sinks"), ("attention_windows", "sliding windows by layer"),
+                ("experts_per_layer", "mixture-of-experts layout"))
+
+
+def architecture_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Review 20c B2 (redone): between runs on two architectures, every fact of the manifests' "model" that differs
+    (family, shape, rotary and NoPE layers, norms, MLP, biases, sinks, windows, experts), so a reader sees why their
+    heads and sites are not one another's; [] where the facts agree or a side does not record them (older runs)."""
+    if not a or not b:
+        return []
+    rows = []
+    for key, what in ARCHITECTURE:
+        x, y = a.get(key), b.get(key)
+        if key not in a or key not in b:
+            continue
+        x, y = _fact_text(x), _fact_text(y)
+        if x != y:
+            rows.append((what, x, y))
+    return rows
+
+
+def _fact_text(value: Any) -> Any:
+    """A fact as compare's settings line shows it: lists and tuples joined, an empty one as 'none', a dict as k=v."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={_fact_text(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "none"
+    return value
 
 
 def _analyses_text(config: Mapping[str, Any]) -> str | None:

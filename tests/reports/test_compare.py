@@ -1540,6 +1540,28 @@ def test_settings_name_a_change_of_precision_and_device(tmp_path):
     assert "dtype: A float32, B bfloat16." in notes and not any(n.startswith("device") for n in notes)
 
 
+def test_settings_name_the_architecture_facts_that_differ(tmp_path):
+    """Review 20c B2 (redone): a Llama run against a Cohere 2 run listed only the model's name; the facts of the two
+    manifests' "model" that differ are each a settings line, those they share none, and a run that does not record
+    them (an older manifest) adds nothing."""
+    facts = {"llama": {"family": "LlamaForCausalLM", "n_layers": 2, "n_heads": 4, "nope_layers": [],
+                       "norm_placement": None, "parallel_blocks": False, "attention_bias_on": []},
+             "cohere2": {"family": "Cohere2ForCausalLM", "n_layers": 2, "n_heads": 4, "nope_layers": [1],
+                         "norm_placement": None, "parallel_blocks": True, "attention_bias_on": []}}
+    for side, name in (("a", "llama"), ("b", "cohere2")):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        manifest = io.read_json(tmp_path / side / "manifest.json")
+        io.write_json(tmp_path / side / "manifest.json", {**manifest, "model": {"name": name, **facts[name]}})
+    notes = settings_notes(Run(tmp_path / "a"), Run(tmp_path / "b"), [])
+    assert "architecture: A LlamaForCausalLM, B Cohere2ForCausalLM." in notes
+    assert "layers without rotary (NoPE): A none, B 1." in notes
+    assert "parallel attention and MLP: A False, B True." in notes
+    assert not any(n.startswith(("layers:", "heads per layer", "norm placement", "attention biases")) for n in notes)
+    manifest = io.read_json(tmp_path / "a" / "manifest.json")
+    io.write_json(tmp_path / "a" / "manifest.json", {**manifest, "model": {"name": "llama"}})  # an older run
+    assert not any(n.startswith("architecture") for n in settings_notes(Run(tmp_path / "a"), Run(tmp_path / "b"), []))
+
+
 def test_compare_says_when_a_differing_top_patching_site_is_tied_within_a_run(tmp_path):
     """#34 review 7 (C3): A's top head_out site L0H0 (0.146 of the gap) and its next, L0H1 (0.144), are each inside
     the other's 95% interval, and so are B's L0H2 and L0H0: "top site differs" is then a tie, said with the intervals
