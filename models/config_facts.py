@@ -314,6 +314,8 @@ def tl_config_fields(facts: Any, windows: Sequence[int | None], embed_inside: fl
             out["rotary_base_local"] = integral(local[0])
     if getattr(facts, "nope_layers", ()):  # review 19c A1: no TransformerLens field says it; headscope's own
         out["nope_layers"] = list(facts.nope_layers)
+    if isinstance(getattr(facts, "mlp_act", None), str) and facts.mlp_act in ACTIVATIONS:  # review 20b C (MPT):
+        out["act_fn"] = facts.mlp_act  # the activation the HF MLP runs (mlp_activation), where TransformerLens said another
     if embed_inside != 1.0 and math.isclose(embed_inside, facts.d_model ** 0.5, rel_tol=2 ** -8):  # bfloat16's step
         out["scale_embedding"] = True
     return out

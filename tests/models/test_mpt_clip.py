@@ -92,14 +92,14 @@ def test_patching_one_heads_q_is_hf_with_that_slice_replaced(mpt):
 
 
 def test_words_name_the_clamp_the_gelu_and_alibi(mpt):
-    """A1: header, repr, sites name the clamp; A2: MptMLP runs exact GELU (TransformerLens's cfg says relu); C3: the
-    scores site holds ALiBi's bias."""
+    """A1: header, repr, sites name the clamp; A2: MptMLP runs exact GELU (TransformerLens's cfg said relu; model.cfg
+    now says what the HF module runs, review 20b C); C3: the scores site holds ALiBi's bias."""
     from headscope.hooks.sites import describe_site
 
     model, hf = mpt
     act = hf.transformer.blocks[0].ffn.act
     assert isinstance(act, torch.nn.GELU) and act.approximate == "none"
-    assert model.bridge.cfg.act_fn == "relu" and model.facts.mlp_act == "gelu"
+    assert model.bridge.cfg.act_fn == "gelu" and model.facts.mlp_act == "gelu"
     assert "q, k, v clamped to +-0.5 (clip_qkv), " in repr(model) and "d_mlp=128 (gelu, no gate)" in repr(model)
     assert describe_site("q", facts=model.facts)[1] == "queries (after the clamp to +-0.5 (clip_qkv): what attention " \
                                                        "uses, per head)"
