@@ -220,6 +220,29 @@ def mlp_activation(bridge: Any, configured: str | None) -> str | None:
     return configured if configured in same else (same[0] if same else None)
 
 
+def positive_below_zero(bridge: Any) -> bool:
+    """Whether the first block's ungated MLP activation gives positive outputs for negative inputs (Apertus's xIELU:
+    (expm1(x) - x) alpha_n + beta x climbs back above 0 below about -2), read off the HF module on a probe from -8 to
+    0: its coefficients then rank prefixes of large negative k_i . x among a neuron's top triggers (review 20b B1).
+    False for ReLU, GELU, SiLU and the like (at most 0 there) and where the module is not read."""
+    from headscope.models.hooked_model import raw_module  # it imports this module
+
+    blocks = getattr(bridge, "blocks", None)
+    mlp = getattr(blocks[0], "mlp", None) if blocks is not None and len(blocks) else None
+    raw = raw_module(mlp) if isinstance(mlp, torch.nn.Module) else None
+    act = next((a for n in ACT_NAMES if callable(a := getattr(raw, n, None))), None)
+    if act is None or any(isinstance(getattr(raw, n, None), torch.nn.Module) for n in ("gate_proj", "w1", "gate")):
+        return False
+    x = torch.linspace(-8.0, -0.25, 32)  # [32]
+    try:
+        with torch.no_grad():
+            p = next((q for q in act.parameters()), None) if isinstance(act, torch.nn.Module) else None
+            y = act(x.to(p) if p is not None else x).float()
+    except Exception:  # noqa: BLE001 - an activation that cannot take a plain probe: not read
+        return False
+    return bool((y > 1e-3).any())
+
+
 SQUARED = {"relu2": "relu(x)^2"}  # activations whose memory coefficients are squares (Nemotron), by config name
 
 

@@ -593,7 +593,26 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(POST_LN)
     if words := squared_words(s):
         parts.append(words)
+    if words := negative_trigger_words(s):
+        parts.append(words)
     return " ".join(parts)
+
+
+def negative_trigger_words(s: Mapping[str, Any]) -> str:
+    """Review 20b B1 (redone): on an ungated MLP whose activation is positive below 0 (Apertus's xIELU), how many
+    neurons' top trigger has a negative pre-activation k_i . x per layer (the summary's negative_top_triggers_per_layer):
+    a trigger ranked by its coefficient may be a prefix the key points away from; '' where not recorded."""
+    counts = s.get("negative_top_triggers_per_layer")
+    if not isinstance(counts, Mapping) or not counts:
+        return ""
+    sizes = s.get("n_memories_per_layer") or {}
+    said = [f"{int(v)}" + (f" of {int(sizes[str(l)])}" if _num(sizes.get(str(l))) else "") + f" at layer {l}"
+            for l, v in counts.items() if _num(v) is not None]
+    act = s.get("mlp_act") or "this MLP's activation"
+    return (f"{act} is positive for negative inputs too (not monotone), so a neuron's coefficient m_i = {act}(k_i . x) "
+            f"can be large where its key points away from the prefix: the top trigger has a negative pre-activation "
+            f"k_i . x for {and_join(said)} neurons, and those triggers are not what the key detects in Geva et al.'s "
+            "sense.")
 
 
 def squared_words(s: Mapping[str, Any]) -> str:

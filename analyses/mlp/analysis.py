@@ -48,6 +48,7 @@ from headscope.analyses.core.tasks import Task
 from headscope.analyses.mlp.topk_stream import StreamingTopK
 from headscope.errors import ConfigError, UnsupportedModelError
 from headscope.execution import batching, block_shape
+from headscope.models import config_facts
 from headscope.models.readout import unembed_weight
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
@@ -419,6 +420,28 @@ def routing_margins(model, task: Task, layers: Sequence[int],
             "routing_margin_steps_min": least, "routing_near_ties": ties, "routing_score": what}
 
 
+@torch.no_grad()
+def negative_triggers(model, corpus: Sequence[Corpus], trig: TriggerExamples) -> dict[str, int]:
+    """Per layer, how many neurons' top trigger has a negative pre-activation k_i . x (site mlp_pre at the trigger's
+    last position, each row run alone on its real tokens, as trigger_examples counts positions): on an activation that
+    is positive below 0 (config_facts.positive_below_zero: Apertus's xIELU) such a trigger is a prefix the key points
+    away from (review 20b B1). {layer: count}; the count is over the layer's memories."""
+    rows = real_rows(corpus)
+    sites = {layer: hooks.site("mlp_pre", layer) for layer in trig.layers}
+    need = sorted({int(r) for rs in trig.row for r in rs[:, 0].tolist()})  # rows holding some neuron's top trigger
+    pre: dict[int, dict[str, torch.Tensor]] = {}
+    for r in need:
+        acts = hooks.capture(model, rows[r][None], list(sites.values()))  # {site: [1, pos, d_mlp]}
+        pre[r] = {name: a[0].float().cpu() for name, a in acts.items()}
+    out = {}
+    for i, layer in enumerate(trig.layers):
+        row, pos = trig.row[i][:, 0], trig.position[i][:, 0]  # [d_mlp] each neuron's top trigger
+        neurons = torch.arange(row.shape[0])
+        values = torch.stack([pre[int(r)][sites[layer]][int(p), int(n)] for r, p, n in zip(row, pos, neurons)])
+        out[str(layer)] = int((values < 0).sum())
+    return out
+
+
 def _against_wrong(updates: pd.DataFrame) -> dict[str, int | None]:
     """Counts of updates promoting the answer only, the wrong answer only, and both (None without wrong answers)."""
     if "promotes_wrong" not in updates:
@@ -486,6 +509,8 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     value_top = [value_top_tokens(model, layer, top_k=config.top_k_tokens, apply_final_norm=config.apply_final_norm)
                  for layer in layers]  # per layer [d_mlp, top_k]
     agree = agreement(trig, [v[:, 0] for v in value_top])
+    signed = (negative_triggers(model, corpus, trig)
+              if not model.facts.gated_mlp and not experts and config_facts.positive_below_zero(model.bridge) else None)
     # one pass at the answer positions for the sub-updates and (half precision, MoE) the router logits
     answer_acts = _answer_activations(model, task, [hooks.site("mlp_post", layer) for layer in layers]
                                       + router_sites(model, layers))
@@ -546,6 +571,8 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         # post-LN blocks (OPT, do_layer_norm_before=False): through their own block's LayerNorm (review 16d A5)
         "values_through_post_ln": bool(getattr(model.facts, "post_ln", False)),
         "gated_mlp": model.facts.gated_mlp,
+        # review 20b B1: an activation positive below 0 (xIELU): neurons whose top trigger has k_i . x < 0, per layer
+        **({"negative_top_triggers_per_layer": signed} if signed is not None else {}),
         # the activation's config name (relu2: squared coefficients); the experts' own where they ignore it (GPT-OSS)
         "mlp_act": getattr(model.facts, "expert_act", None) or getattr(model.facts, "mlp_act", None),
         # the three neurons with the largest mean update at the answer, with their expert and its routing (the finding
