@@ -105,26 +105,9 @@ def nope_site_words(facts, kind: str, layer: int | None = None) -> str | None:
     nope = sorted(getattr(facts, "nope_layers", ()) or ())
     if kind not in ("rot_q", "rot_k") or not nope or (layer is not None and layer not in nope):
         return None
-    normed = _per_head_norm(facts)  # review 20c: EXAONE 4 normalises q and k per head between hook_q and rot_q
-    equal = f"equal to {kind[-1]} after the {normed}" if normed else f"equal to {kind[-1]}"
     if layer is not None:
-        return f"{equal}: no rotary (NoPE) on this layer"
-    return f"{equal} on {_layers(nope)}: no rotary (NoPE) there"
-
-
-def _per_head_norm(facts) -> str | None:
-    """'q/k RMSNorm per head' where the model normalises q and k per head inside attention (Qwen3, Gemma 3, EXAONE 4,
-    OLMo 3...), None elsewhere."""
-    norm = getattr(facts, "qk_norm", None)
-    return f"q/k {norm}" if isinstance(norm, str) and norm.endswith("per head") else None
-
-
-def per_head_norm_words(facts, kind: str) -> str | None:
-    """Review 20c (redone): on a model with a per-head q/k norm, hook_q and hook_k hold the projection's output before
-    that norm, which attention applies next (then rotary: rot_q / rot_k hold the normed, rotated values): 'before the
-    q/k RMSNorm per head, which attention applies next'; None for other sites and models."""
-    normed = _per_head_norm(facts) if kind in ("q", "k") else None
-    return f"before the {normed}, which attention applies next" if normed else None
+        return f"equal to {kind[-1]}: no rotary (NoPE) on this layer"
+    return f"equal to {kind[-1]} on {_layers(nope)}: no rotary (NoPE) there"
 
 
 def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool = False, facts=None, *,
@@ -165,7 +148,6 @@ def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool 
     if not mla or kind not in ("q", "k", "v", "rot_q", "rot_k"):
         after = qkv_words(facts, kind) if facts is not None else None  # facts: the model's (clip_qkv, qk_norm)
         after = after or (nope_site_words(facts, kind, layer) if facts is not None else None)
-        after = after or (per_head_norm_words(facts, kind) if facts is not None else None)
         return SITES[kind].shape, SITES[kind].doc + (f" ({after})" if after else "")
     qk, rope, v, latent = mla["d_head_qk"], mla["d_head_rope"], mla["d_head_v"], mla["kv_lora_rank"]
     return {

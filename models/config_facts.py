@@ -77,35 +77,19 @@ def softcaps(config: Any) -> tuple[float | None, float | None]:
 
 def nope_layers(bridge: Any, config: Any, n_layers: int) -> tuple[int, ...]:
     """The layers that apply no rotary embedding (NoPE) on a rotary model (review 19c A1): those whose Hugging Face
-    attention module has use_rope False (SmolLM3, Llama 4) or that its family's rule leaves unrotated (`_rotates`:
-    Cohere 2's and EXAONE 4's global layers, review 20c A1), else those the config's no_rope_layers marks 0 (1 means
+    attention module has use_rope False (SmolLM3, Llama 4), else those the config's no_rope_layers marks 0 (1 means
     rotary there: HF's use_rope = config.no_rope_layers[layer]); () where every layer rotates."""
     from headscope.models.hooked_model import raw_module  # it imports this module
 
     blocks = list(getattr(bridge, "blocks", None) or [])[:n_layers]
-    flags = [_rotates(raw_module(b.attn)) if getattr(b, "attn", None) is not None else None for b in blocks]
+    flags = [getattr(raw_module(b.attn), "use_rope", None) if getattr(b, "attn", None) is not None else None
+             for b in blocks]
     if len(flags) == n_layers and all(isinstance(f, (bool, int)) for f in flags):
         return tuple(i for i, f in enumerate(flags) if not f)
     marks = getattr(config, "no_rope_layers", None)
     if isinstance(marks, Sequence) and len(marks) >= n_layers and all(isinstance(m, (bool, int)) for m in marks):
         return tuple(i for i in range(n_layers) if not marks[i])
     return ()
-
-
-def _rotates(attn: Any) -> bool | None:
-    """Whether a Hugging Face attention module applies its rotary embedding, by the rule its forward follows: use_rope
-    where it has one (SmolLM3, Llama 4); Cohere 2's only on its sliding-window layers (`if self.sliding_window is not
-    None`); EXAONE 4's on every layer without a sliding window in the config, else only on the sliding ones
-    (`if self.sliding_window is None or self.is_sliding`); None where the module says nothing (every layer rotates)."""
-    flag = getattr(attn, "use_rope", None)
-    if isinstance(flag, (bool, int)):
-        return bool(flag)
-    kind = type(attn).__name__
-    if kind.startswith("Cohere2") and hasattr(attn, "sliding_window"):
-        return attn.sliding_window is not None
-    if kind.startswith("Exaone4") and hasattr(attn, "sliding_window") and hasattr(attn, "is_sliding"):
-        return attn.sliding_window is None or bool(attn.is_sliding)
-    return None
 
 
 def nope_words(nope: Iterable[int] | None) -> str:

@@ -569,7 +569,6 @@ def finding(s: Mapping[str, Any]) -> str:
         if found:
             parts.append("Head roles: " + "; ".join(found) + "."
                          + _sink_words(s, roles, ranked=relative and not _at_chance(s, kind, base)))
-            parts.append(_nope_role_words(s, roles))
         elif blind and len(blind) == s.get("n_layers"):  # review 9a A2: a role no head can pass is not an absence
             parts.append("No head passes the previous-token, positional or sink threshold (induction could not be "
                          "measured).")
@@ -583,23 +582,6 @@ def finding(s: Mapping[str, Any]) -> str:
     elif isinstance(l0, int) and relative:
         parts.append(_l0_words(l0, s.get("l0_within_tolerance")))
     return " ".join(p for p in parts if p)
-
-
-def _nope_role_words(s: Mapping[str, Any], roles: Mapping[str, Any]) -> str:
-    """Review 20c (redone): previous-token and induction heads on layers without rotary (NoPE: Cohere 2's and EXAONE 4's
-    global layers, SmolLM3's) cannot read a rotary offset; they find the previous position through the causal mask alone
-    (or through earlier layers' writes): said, naming them; '' elsewhere."""
-    nope = {int(x) for x in s.get("nope_layers") or () if _num(x) is not None}
-    named = [h for role in ("previous_token", "induction") for h in roles.get(role) or []
-             if isinstance(h, str) and h.startswith("L") and "H" in h and h[1:h.index("H")].isdigit()
-             and int(h[1:h.index("H")]) in nope]
-    if not named:
-        return ""
-    layers = sorted({int(h[1:h.index("H")]) for h in named})
-    return (f"{and_join(named[:4])}{' and others' if len(named) > 4 else ''} "
-            f"{'sit' if len(named) > 1 else 'sits'} on layer{'s' if len(layers) > 1 else ''} "
-            f"{', '.join(map(str, layers))} without rotary (NoPE): {'they find' if len(named) > 1 else 'it finds'} "
-            "earlier positions through the causal mask and earlier layers' writes alone, not through a rotary offset.")
 
 
 def _l0_words(heads: int, rec: Any) -> str:

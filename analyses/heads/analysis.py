@@ -325,8 +325,6 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     }
     summary.update(role_windows(roles, sink_uniform(model, scorer.tokens, scorer.attention_mask)))
     summary["sink_token"] = sink_token(model, scorer.tokens, scorer.attention_mask)  # what "first token" is here
-    if getattr(model.facts, "nope_layers", ()):  # review 20c: role heads there see positions through the mask alone
-        summary["nope_layers"] = list(model.facts.nope_layers)
     if model.facts.positional == "alibi":  # each head's fixed slope biases it towards near keys (the roles caption)
         summary["positions"] = "alibi"
     tables = {"curve": curves, "curve_examples": examples, "roles": roles, "importance_examples": per}

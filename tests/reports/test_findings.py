@@ -387,19 +387,6 @@ def test_sink_heads_name_their_token_and_say_where_they_also_rank_by_importance(
     assert "among the top heads" not in finding("heads", {**s, "baseline_metric": 0.03})  # at chance (HEADS's band)
 
 
-def test_role_heads_on_nope_layers_are_said_to_see_positions_through_the_mask():
-    """Review 20c (redone): a previous-token head on a layer without rotary (Cohere 2's global layer 1) is said to find
-    positions through the causal mask, not a rotary offset; one on a rotary layer, or a model without NoPE layers,
-    gets no such words."""
-    s = {**HEADS, "roles": {"previous_token": ["L0H1", "L1H2"], "sink": ["L1H0"]}, "nope_layers": [1]}
-    text = finding("heads", s)
-    assert ("L1H2 sits on layer 1 without rotary (NoPE): it finds earlier positions through the causal mask and "
-            "earlier layers' writes alone, not through a rotary offset.") in text
-    assert "L0H1 sits" not in text and "L1H0 sits" not in text  # a rotary layer's head; a sink is not positional
-    assert "without rotary (NoPE)" not in finding("heads", {**s, "nope_layers": []})
-    assert "without rotary (NoPE)" not in finding("heads", {**s, "roles": {"previous_token": ["L0H1"]}})
-
-
 def test_gradient_values_name_their_unit_raw_or_layer_normalised():
     """Review 11b N6 (seed 1, out_s1): the top heads tie by raw |dL/d gate| (0.00028 and 0.00027) and the gradient
     order's heads by |dL/d gate| over the layer's L2 norm (0.36 each, raw 8.4e-05): each value says which."""
