@@ -51,3 +51,43 @@ def test_global_layers_without_rotary_are_named_nope(hybrids, arch):
     assert "no rotary (NoPE) on layer 1, " in repr(model)
     assert "no rotary (NoPE) on layer 1" in header_words(model_record(model))
     assert list(model.cfg.nope_layers) == [1]
+
+
+def test_exaone4_q_k_sites_hold_the_projection_before_the_per_head_norm(hybrids):
+    """Review 20 A2: Exaone4's hook_q / hook_k hold q_proj / k_proj's output per head, before its per-head q/k RMSNorm;
+    hook_q_normed the norm's output; hook_rot_q the normed q rotated, and on the NoPE layer 1 the normed q as it is
+    (not hook_q). Each from HF's own modules on the attention's input; the site table and header say so."""
+    from headscope.hooks.sites import describe_site
+    from headscope.models.attention_layout import attention_words
+    from tests_support import random_tokens
+
+    model, hf = hybrids["exaone4"]
+    tokens = random_tokens(1, 8, seed=1)
+    inputs = {}
+    handles = [hf.model.layers[i].self_attn.register_forward_pre_hook(
+        lambda mod, args, kw, i=i: inputs.__setitem__(i, kw["hidden_states"]), with_kwargs=True) for i in range(2)]
+    with torch.no_grad():
+        hf(tokens)
+    for h in handles:
+        h.remove()
+    names = [f"blocks.{i}.attn.{n}" for i in range(2) for n in ("hook_q", "hook_k", "hook_q_normed", "hook_rot_q")]
+    _, cache = model.bridge.run_with_cache(tokens, names_filter=lambda n: n in names)
+    for i in range(2):
+        attn = hf.model.layers[i].self_attn
+        q = attn.q_proj(inputs[i]).view(1, 8, -1, attn.head_dim)  # [batch, pos, head, d_head]
+        k = attn.k_proj(inputs[i]).view(1, 8, -1, attn.head_dim)  # [batch, pos, kv_head, d_head]
+        normed = attn.q_norm(q)  # [batch, pos, head, d_head]
+        torch.testing.assert_close(cache[f"blocks.{i}.attn.hook_q"], q, rtol=0, atol=1e-6)
+        torch.testing.assert_close(cache[f"blocks.{i}.attn.hook_k"], k, rtol=0, atol=1e-6)
+        torch.testing.assert_close(cache[f"blocks.{i}.attn.hook_q_normed"].transpose(1, 2), normed, rtol=0, atol=1e-6)
+        rot = cache[f"blocks.{i}.attn.hook_rot_q"]  # [batch, pos, head, d_head]
+        assert torch.allclose(rot, normed, rtol=0, atol=1e-6) == (i == 1)  # unrotated on the NoPE layer only
+        assert not torch.allclose(rot, q, rtol=0, atol=1e-3)
+    before = "the projection's output per head, before the q/k RMSNorm per head and rotary"
+    assert before in describe_site("q", facts=model.facts)[1] and before in describe_site("k", facts=model.facts)[1]
+    doc = describe_site("rot_q", facts=model.facts, layer=1)[1]
+    assert "q after the q/k RMSNorm per head, unrotated: no rotary (NoPE) on this layer" in doc and "(equal to q" not in doc
+    assert "after the q/k RMSNorm per head and RoPE)" in describe_site("rot_k", facts=model.facts, layer=0)[1]
+    assert "q/k RMSNorm per head (after hook_q/hook_k, before hook_rot_q/hook_rot_k)" in attention_words(
+        None, 16, model.facts.qk_norm)
+    assert "q/k RMSNorm per head (after hook_q/hook_k, before hook_rot_q/hook_rot_k), " in repr(model)
