@@ -91,3 +91,22 @@ def test_exaone4_q_k_sites_hold_the_projection_before_the_per_head_norm(hybrids)
     assert "q/k RMSNorm per head (after hook_q/hook_k, before hook_rot_q/hook_rot_k)" in attention_words(
         None, 16, model.facts.qk_norm)
     assert "q/k RMSNorm per head (after hook_q/hook_k, before hook_rot_q/hook_rot_k), " in repr(model)
+
+
+def test_heads_finding_says_a_positional_role_on_a_nope_layer_has_no_position_encoding(hybrids):
+    """Review 20 A3: the heads summary records Exaone4's NoPE layer; a previous-token head named on it is said to have
+    no position encoding of its own (the causal mask and the stream's earlier-layer positions), a positional head on
+    the rotary layer 0 is not; without nope_layers nothing is said. The roles are set by hand on the real summary
+    (a random model's heads pass no role threshold)."""
+    from headscope.reports.heads_words import finding
+
+    model, _ = hybrids["exaone4"]
+    s = hs.run_analysis("heads", model, config=hs.HeadsConfig(quick=True, l0=None, best_head=False)).summary
+    assert s["nope_layers"] == [1]
+    s = {**s, "roles": {"positional": ["L0H1"], "previous-token": ["L1H2"], "sink": ["L1H0"]}}
+    text = finding(s)
+    assert ("L1H2 (previous-token) is on layer 1, which applies no rotary (NoPE): its scores carry no position "
+            "encoding of their own, so the offset preference comes from the causal mask and from positions earlier "
+            "layers wrote into the residual stream.") in text, text
+    assert "L0H1 (positional) is on" not in text and "L1H0 (sink) is on" not in text
+    assert "NoPE" not in finding({k: v for k, v in s.items() if k != "nope_layers"})
