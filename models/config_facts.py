@@ -112,7 +112,8 @@ def _rotates(attn: Any) -> bool | None:
 
 
 def nope_words(nope: Iterable[int] | None) -> str:
-    """'no rotary (NoPE) on layers 1, 3': the layers that see positions only through the causal mask; '' for none."""
+    """'no rotary (NoPE) on layers 1, 3': the layers whose attention has no position encoding of its own; '' for
+    none."""
     layers = sorted(int(i) for i in nope or ())
     return f"no rotary (NoPE) on {_layers(layers)}" if layers else ""
 
