@@ -110,3 +110,24 @@ def test_heads_finding_says_a_positional_role_on_a_nope_layer_has_no_position_en
             "layers wrote into the residual stream.") in text, text
     assert "L0H1 (positional) is on" not in text and "L1H0 (sink) is on" not in text
     assert "NoPE" not in finding({k: v for k, v in s.items() if k != "nope_layers"})
+
+
+def test_exaone4_without_a_sliding_window_rotates_every_layer():
+    """HF's Exaone4Attention rotates wherever the config sets no sliding_window (a non-hybrid checkpoint): its full
+    layers are not NoPE then, as config_facts._rotates reads it; checked on the module's own output."""
+    from transformers.models.exaone4.modeling_exaone4 import Exaone4Attention, Exaone4RotaryEmbedding
+
+    from headscope.models.config_facts import _rotates
+
+    config = transformers.Exaone4Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                        num_hidden_layers=2, sliding_window=None,
+                                        layer_types=["full_attention", "full_attention"])
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attn, rotary = Exaone4Attention(config, layer_idx=1).eval(), Exaone4RotaryEmbedding(config)
+    x = torch.randn(1, 8, 32)  # [batch, pos, d_model]
+    with torch.no_grad():
+        outs = [attn(hidden_states=x, position_embeddings=rotary(x, p), attention_mask=None)[0]
+                for p in (torch.arange(8)[None], 3 * torch.arange(8)[None])]  # [batch, pos, d_model] each
+    assert not torch.allclose(outs[0], outs[1], atol=1e-4)  # HF rotates here
+    assert _rotates(attn) is True
