@@ -104,10 +104,10 @@ def per_head_norm(facts) -> str | None:
 
 
 def qk_norm_site_words(facts, kind: str, layer: int | None = None) -> str | None:
-    """Review 20 A2: on a per-head q/k norm (per_head_norm), what q/k and rot_q/rot_k hold: q, k 'the projection's
-    output per head, before the q/k RMSNorm per head and rotary (hook_q_normed / hook_k_normed hold it after the
-    norm)'; rot_q, rot_k 'after the q/k RMSNorm per head and RoPE', and on NoPE layers (ModelFacts.nope_layers) that
-    they hold the normed q/k unrotated, not q/k; None for other sites and models."""
+    """Review 20 A2: on a per-head q/k norm (per_head_norm), what q/k and rot_q/rot_k hold: q 'the projection's
+    output per head, before the q/k RMSNorm per head and rotary; hook_q_normed holds it after the norm' (k alike);
+    rot_q, rot_k 'after the q/k RMSNorm per head and RoPE', and on NoPE layers (ModelFacts.nope_layers) that they
+    hold the normed q/k unrotated, not q/k; None for other sites and models."""
     from headscope.models.config_facts import _layers
 
     norm = per_head_norm(facts)
@@ -115,8 +115,7 @@ def qk_norm_site_words(facts, kind: str, layer: int | None = None) -> str | None
         return None
     x = kind[-1]
     if kind in ("q", "k"):
-        return (f"the projection's output per head, before the q/k {norm} and rotary (hook_{x}_normed holds it after "
-                f"the norm)")
+        return f"the projection's output per head, before the q/k {norm} and rotary; hook_{x}_normed holds it after the norm"
     nope = sorted(getattr(facts, "nope_layers", ()) or ())
     if layer is not None and layer in nope:
         return f"{x} after the q/k {norm}, unrotated: no rotary (NoPE) on this layer; not equal to {x}, which is before the norm"
