@@ -96,6 +96,35 @@ def qkv_words(facts, kind: str) -> str | None:
     return f"after {' and '.join(parts)}: what attention uses, per head" if parts else None
 
 
+def per_head_norm(facts) -> str | None:
+    """The q/k norm where it is one per head ('RMSNorm per head': Qwen3, Gemma 3, Exaone4, StableLM, Cohere), which
+    TransformerLens runs between hook_q/hook_k and the rotary (hook_rot_q/hook_rot_k); None elsewhere."""
+    norm = getattr(facts, "qk_norm", None)
+    return norm if isinstance(norm, str) and norm.endswith("per head") else None
+
+
+def qk_norm_site_words(facts, kind: str, layer: int | None = None) -> str | None:
+    """Review 20 A2: on a per-head q/k norm (per_head_norm), what q/k and rot_q/rot_k hold: q 'the projection's
+    output per head, before the q/k RMSNorm per head and rotary; hook_q_normed holds it after the norm' (k alike);
+    rot_q, rot_k 'after the q/k RMSNorm per head and RoPE', and on NoPE layers (ModelFacts.nope_layers) that they
+    hold the normed q/k unrotated, not q/k; None for other sites and models."""
+    from headscope.models.config_facts import _layers
+
+    norm = per_head_norm(facts)
+    if norm is None or kind not in ("q", "k", "rot_q", "rot_k"):
+        return None
+    x = kind[-1]
+    if kind in ("q", "k"):
+        return f"the projection's output per head, before the q/k {norm} and rotary; hook_{x}_normed holds it after the norm"
+    nope = sorted(getattr(facts, "nope_layers", ()) or ())
+    if layer is not None and layer in nope:
+        return f"{x} after the q/k {norm}, unrotated: no rotary (NoPE) on this layer; not equal to {x}, which is before the norm"
+    words = f"after the q/k {norm} and RoPE"
+    if nope and layer is None:
+        words += f"; on {_layers(nope)} after the norm only, unrotated: no rotary (NoPE) there"
+    return words
+
+
 def nope_site_words(facts, kind: str, layer: int | None = None) -> str | None:
     """Review 19c A2: on a model with NoPE layers (ModelFacts.nope_layers: SmolLM3, Llama 4), what rot_q / rot_k hold
     there: 'equal to q on layers 1, 3: no rotary (NoPE) there' (layer None), 'equal to q: no rotary (NoPE) on this
@@ -147,6 +176,7 @@ def describe_site(kind: str, mla: dict | None = None, scores_hold_weights: bool 
             return SITES[kind].shape, specific[kind]
     if not mla or kind not in ("q", "k", "v", "rot_q", "rot_k"):
         after = qkv_words(facts, kind) if facts is not None else None  # facts: the model's (clip_qkv, qk_norm)
+        after = after or (qk_norm_site_words(facts, kind, layer) if facts is not None else None)  # review 20 A2
         after = after or (nope_site_words(facts, kind, layer) if facts is not None else None)
         return SITES[kind].shape, SITES[kind].doc + (f" ({after})" if after else "")
     qk, rope, v, latent = mla["d_head_qk"], mla["d_head_rope"], mla["d_head_v"], mla["kv_lora_rank"]

@@ -66,15 +66,16 @@ def interleaved_rotary(attn: torch.nn.Module, d_head: int, rotary: int | None) -
 
 def attention_words(rotary: Any, d_head: Any, norm: Any, clip: Any = None, interleaved: Any = False) -> list[str]:
     """Header phrases: ['partial rotary (4 of each head's 16 dims turned, 12 position-free)', 'q/k LayerNorm per
-    head', 'q, k, v clamped to +-2 (clip_qkv)'], or fewer where a fact does not hold (or is not recorded: older
-    manifests)."""
+    head (after hook_q/hook_k, before hook_rot_q/hook_rot_k)', 'q, k, v clamped to +-2 (clip_qkv)'], or fewer where a
+    fact does not hold (or is not recorded: older manifests)."""
     words = []
     if isinstance(rotary, int) and isinstance(d_head, int) and 0 < rotary < d_head:
         words.append(f"partial rotary ({rotary} of each head's {d_head} dims turned, {d_head - rotary} position-free)")
     if interleaved is True:  # review 20d B: Glm4's pairs are dims (2i, 2i + 1), not (i, i + r/2)
         words.append("rotary on interleaved pairs of dims (2i, 2i + 1; GPT-J style)")
-    if isinstance(norm, str) and norm:
-        words.append(f"q/k {norm}")
+    if isinstance(norm, str) and norm:  # review 20 A2: a per-head norm runs after hook_q/hook_k (hooks.sites)
+        words.append(f"q/k {norm}" + (" (after hook_q/hook_k, before hook_rot_q/hook_rot_k)"
+                                      if norm.endswith("per head") else ""))
     if isinstance(clip, (int, float)) and not isinstance(clip, bool):
         words.append(f"q, k, v clamped to +-{clip:g} (clip_qkv)")
     return words

@@ -7,7 +7,7 @@ C1), for ModelFacts, print(model), the report header and model.cfg's Transformer
   query_pre_attn_scalar^-0.5);
 - the soft-caps: final logits cap * tanh(logit / cap), attention scores the same (Gemma 2);
 - each layer's rotary base (Gemma 3: 10,000 on sliding layers, 1,000,000 on global ones), and the layers without
-  rotary (SmolLM3's and Llama 4's NoPE layers, no_rope_layers).
+  rotary (SmolLM3's and Llama 4's NoPE layers, no_rope_layers; Cohere2's and Exaone4's global layers).
 
 TransformerLens 4.3's bridge leaves several of these at its defaults (attn_scale -1, use_qk_norm False, window_size
 None, rotary_base 10000 wherever the HF config has no flat rope_theta); `tl_config_fields` gives the true values,
@@ -77,13 +77,13 @@ def softcaps(config: Any) -> tuple[float | None, float | None]:
 
 def nope_layers(bridge: Any, config: Any, n_layers: int) -> tuple[int, ...]:
     """The layers that apply no rotary embedding (NoPE) on a rotary model (review 19c A1): those whose Hugging Face
-    attention module has use_rope False (SmolLM3, Llama 4), else those the config's no_rope_layers marks 0 (1 means
-    rotary there: HF's use_rope = config.no_rope_layers[layer]); () where every layer rotates."""
+    attention module has use_rope False (SmolLM3, Llama 4) or whose class's rule says so (Cohere2's and, with a
+    sliding window, Exaone4's global layers: `_rotates`, review 20 A1), else those the config's no_rope_layers marks 0
+    (1 means rotary there: HF's use_rope = config.no_rope_layers[layer]); () where every layer rotates."""
     from headscope.models.hooked_model import raw_module  # it imports this module
 
     blocks = list(getattr(bridge, "blocks", None) or [])[:n_layers]
-    flags = [getattr(raw_module(b.attn), "use_rope", None) if getattr(b, "attn", None) is not None else None
-             for b in blocks]
+    flags = [_rotates(raw_module(b.attn)) if getattr(b, "attn", None) is not None else None for b in blocks]
     if len(flags) == n_layers and all(isinstance(f, (bool, int)) for f in flags):
         return tuple(i for i, f in enumerate(flags) if not f)
     marks = getattr(config, "no_rope_layers", None)
@@ -92,8 +92,28 @@ def nope_layers(bridge: Any, config: Any, n_layers: int) -> tuple[int, ...]:
     return ()
 
 
+# Review 20 A1: the attention classes whose forward gates rotary on their own sliding window, HF's rule for each:
+# Cohere2Attention rotates only where self.sliding_window is set (its sliding layers); Exaone4Attention where
+# `self.sliding_window is None or self.is_sliding` (a hybrid model's global layers apply none).
+ROTATES_BY_CLASS = {
+    "Cohere2Attention": lambda a: getattr(a, "sliding_window", None) is not None,
+    "Exaone4Attention": lambda a: getattr(a, "sliding_window", None) is None or bool(getattr(a, "is_sliding", False)),
+}
+
+
+def _rotates(attn: Any) -> bool | None:
+    """Whether a Hugging Face attention module applies rotary: its use_rope flag (SmolLM3, Llama 4), else its class's
+    rule (ROTATES_BY_CLASS); None where neither says (every layer rotates on a rotary model)."""
+    flag = getattr(attn, "use_rope", None)
+    if isinstance(flag, (bool, int)):
+        return bool(flag)
+    rule = ROTATES_BY_CLASS.get(type(attn).__name__)
+    return rule(attn) if rule is not None else None
+
+
 def nope_words(nope: Iterable[int] | None) -> str:
-    """'no rotary (NoPE) on layers 1, 3': the layers that see positions only through the causal mask; '' for none."""
+    """'no rotary (NoPE) on layers 1, 3': the layers whose attention has no position encoding of its own; '' for
+    none."""
     layers = sorted(int(i) for i in nope or ())
     return f"no rotary (NoPE) on {_layers(layers)}" if layers else ""
 

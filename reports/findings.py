@@ -574,15 +574,18 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
 
 
 def nope_sentence(nope: Any, named: Any = (), what: str = "sink") -> str:
-    """Review 19c B2: 'Layers 1, 3 apply no rotary (NoPE): attention there sees positions only through the causal mask
-    (the sink on layer 1 is on one of them).' where the model has such layers (summary nope_layers); named: the layers
+    """Review 19c B2: 'Layers 1, 3 apply no rotary (NoPE): attention there has no position encoding of its own;
+    positions reach it through the causal mask and what earlier layers wrote into the residual stream (the sink on
+    layer 1 is on one of them).' where the model has such layers (summary nope_layers); named: the layers
     a sentence names (sinks, heads' layers), said where they are NoPE; '' without NoPE layers."""
     layers = sorted({int(x) for x in nope or () if _num(x) is not None})
     if not layers:
         return ""
     on = sorted({int(x) for x in named or ()} & set(layers))
     where = f"Layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))} appl{'y' if len(layers) > 1 else 'ies'}"
-    said = f"{where} no rotary (NoPE): attention there sees positions only through the causal mask"
+    # review 20 A3: past the first layer the stream carries positions earlier (rotary) layers wrote, so not "only"
+    said = (f"{where} no rotary (NoPE): attention there has no position encoding of its own; positions reach it "
+            "through the causal mask and what earlier layers wrote into the residual stream")
     if on:
         said += (f" (the {what}{'s' if len(on) > 1 else ''} on layer{'s' if len(on) > 1 else ''} "
                  f"{', '.join(map(str, on))} {'are' if len(on) > 1 else 'is'} on {'them' if len(layers) > 1 else 'it'})")

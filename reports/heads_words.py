@@ -7,6 +7,7 @@ their tolerance and curve shapes) is reports/pruning_words.py's.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -569,6 +570,7 @@ def finding(s: Mapping[str, Any]) -> str:
         if found:
             parts.append("Head roles: " + "; ".join(found) + "."
                          + _sink_words(s, roles, ranked=relative and not _at_chance(s, kind, base)))
+            parts.append(nope_role_words(roles, s.get("nope_layers")))
         elif blind and len(blind) == s.get("n_layers"):  # review 9a A2: a role no head can pass is not an absence
             parts.append("No head passes the previous-token, positional or sink threshold (induction could not be "
                          "measured).")
@@ -582,6 +584,31 @@ def finding(s: Mapping[str, Any]) -> str:
     elif isinstance(l0, int) and relative:
         parts.append(_l0_words(l0, s.get("l0_within_tolerance")))
     return " ".join(p for p in parts if p)
+
+
+POSITIONAL_ROLES = ("previous-token", "self", "positional")  # roles.role's labels that name an offset
+
+
+def nope_role_words(roles: Mapping[str, Any], nope: Any) -> str:
+    """Review 20 A3: where a head with a positional role (previous-token, self, positional) sits on a layer without
+    rotary (summary nope_layers: SmolLM3, Llama 4, Cohere2's and Exaone4's global layers), that its scores carry no
+    position encoding of their own: its offset preference comes from the causal mask and, past the first layer, from
+    what earlier layers wrote into the residual stream. '' where none does."""
+    layers = {int(x) for x in nope or () if _num(x) is not None}
+    by = {str(k).replace("_", "-"): v for k, v in roles.items()}
+    named = [(str(h), role, int(m.group(1))) for role in POSITIONAL_ROLES for h in by.get(role) or ()
+             if (m := re.fullmatch(r"L(\d+)H\d+", str(h))) and int(m.group(1)) in layers]  # (label, role, layer)
+    if not named:
+        return ""
+    heads = ", ".join(f"{h} ({role})" for h, role, _ in named)
+    on = sorted({layer for *_, layer in named})
+    which = ("layer " if len(on) == 1 else "layers ") + ", ".join(map(str, on))
+    verb = "is" if len(named) == 1 else "are"
+    first = " (on layer 0 the causal mask alone)" if 0 in on else ""
+    return (f"{heads} {verb} on {which}, which {'applies' if len(on) == 1 else 'apply'} no rotary (NoPE): "
+            f"{'its' if len(named) == 1 else 'their'} scores carry no position encoding of their own, so the offset "
+            "preference comes from the causal mask and from positions earlier layers wrote into the residual stream"
+            f"{first}.")
 
 
 def _l0_words(heads: int, rec: Any) -> str:

@@ -452,8 +452,9 @@ def _retrieval(s: Mapping[str, Any]) -> str:
     on = [f"L{h['layer']}H{h['head']}" for h in passed[:4] if h.get("layer") in nope]
     return (f"{len(passed)} retrieval head(s) track the {tracked}, with gold-span mass above the other heads' ({how}, "
             f"{n}): " + ", ".join(said) + more + "." + (f" {', '.join(on)} {'are' if len(on) > 1 else 'is'} on a layer "
-                                                         "without rotary (NoPE), which sees positions only through the "
-                                                         "causal mask." if on else ""))
+                                                         "without rotary (NoPE), which has no position encoding of its "
+                                                         "own (positions reach it through the causal mask and the "
+                                                         "residual stream)." if on else ""))
 
 
 def _shape(values: Mapping[str, float], ci: Mapping[str, Any], n: Any) -> str:

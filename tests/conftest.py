@@ -86,7 +86,7 @@ def arch_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def more_arch_dirs(tmp_path_factory):
-    """arch -> directory for tests_support.MORE_ARCHITECTURES (OLMo 2, Qwen3, Gemma 3, Mixtral,
+    """arch -> directory for tests_support.MORE_ARCHITECTURES (OLMo 2, Qwen3, Gemma 3, Mixtral, Cohere2, Exaone4,
     Qwen2-MoE), each built on first use and shared."""
     import functools
 

@@ -367,6 +367,13 @@ MORE_ARCHITECTURES = {
     "qwen2moe": (word_tokenizer, "Qwen2MoeForCausalLM", "Qwen2MoeConfig",
                  dict(_SMALL, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                       shared_expert_intermediate_size=64)),
+    # review 20: hybrid sliding/global attention whose global layer applies no rotary (NoPE): Cohere2 (parallel
+    # block, logit_scale) and Exaone4 (post-norm block, per-head q/k RMSNorm); layer 0 sliding (4 tokens), 1 global
+    "cohere2": (word_tokenizer, "Cohere2ForCausalLM", "Cohere2Config",
+                dict(_SMALL, num_key_value_heads=2, sliding_window=4, logit_scale=0.5,
+                     layer_types=["sliding_attention", "full_attention"])),
+    "exaone4": (word_tokenizer, "Exaone4ForCausalLM", "Exaone4Config",
+                dict(_SMALL, num_key_value_heads=2, sliding_window=4, layer_types=["sliding_attention", "full_attention"])),
 }
 
 

@@ -327,6 +327,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     summary["sink_token"] = sink_token(model, scorer.tokens, scorer.attention_mask)  # what "first token" is here
     if model.facts.positional == "alibi":  # each head's fixed slope biases it towards near keys (the roles caption)
         summary["positions"] = "alibi"
+    if model.facts.nope_layers:  # review 20 A3: layers without rotary, named where a positional role sits on one
+        summary["nope_layers"] = list(model.facts.nope_layers)
     tables = {"curve": curves, "curve_examples": examples, "roles": roles, "importance_examples": per}
     if hc.best_head and raw:
         usable = {m: v for m, v in prune_imp.items() if m != "gradient" or "degenerate_gradient" not in summary}

@@ -30,13 +30,32 @@ def test_print_model_names_partial_rotary_and_the_per_head_qk_layernorm(stablelm
     """16-wide heads x 0.25 = 4 dims turned, 12 without position; StableLM's q_layernorm is a LayerNorm per head.
     A Llama with full rotary and no q/k norm says neither; Pythia-style GPT-NeoX (rotary_pct 0.25) says its part."""
     assert (stablelm.facts.rotary_dims, stablelm.facts.qk_norm) == (4, "LayerNorm per head")
-    assert ("(2 KV), partial rotary (4 of each head's 16 dims turned, 12 position-free), q/k LayerNorm per head, "
-            "d_model=64,") in repr(stablelm), repr(stablelm)
+    assert ("(2 KV), partial rotary (4 of each head's 16 dims turned, 12 position-free), q/k LayerNorm per head "
+            "(after hook_q/hook_k, before hook_rot_q/hook_rot_k), d_model=64,") in repr(stablelm), repr(stablelm)
     assert (tiny_models["llama"].facts.rotary_dims, tiny_models["llama"].facts.qk_norm) == (None, None)
     assert "rotary" not in repr(tiny_models["llama"]) and "q/k" not in repr(tiny_models["llama"])
     neox = tiny_models["neox"]
     rope = neox.bridge.original_model.config.rope_parameters  # transformers 5: rotary_pct lives here
     assert neox.facts.rotary_dims == int(rope["partial_rotary_factor"] * 16) == 4
+
+
+def test_stablelm_hook_q_is_before_its_per_head_layernorm(stablelm):
+    """Review 20 A2: the words above say hook_q holds q before the per-head norm: StableLM's hook_q at layer 0 equals
+    HF's q_proj on the layer's normed input, per head, and differs from its q_layernorm's output."""
+    import torch
+
+    from tests_support import random_tokens
+
+    hf = stablelm.bridge.original_model
+    layer = hf.model.layers[0]
+    tokens = random_tokens(1, 6, seed=2)
+    _, cache = stablelm.bridge.run_with_cache(tokens, names_filter=lambda n: n == "blocks.0.attn.hook_q")
+    with torch.no_grad():
+        x = layer.input_layernorm(hf.model.embed_tokens(tokens))  # [batch, pos, d_model]
+        q = layer.self_attn.q_proj(x).view(1, 6, 4, 16)  # [batch, pos, head, d_head]
+        normed = layer.self_attn.q_layernorm(q.transpose(1, 2)).transpose(1, 2)  # [batch, pos, head, d_head]
+    torch.testing.assert_close(cache["blocks.0.attn.hook_q"], q, rtol=0, atol=1e-6)
+    assert not torch.allclose(cache["blocks.0.attn.hook_q"], normed, atol=1e-3)
 
 
 def test_qk_norm_over_the_whole_projection_is_not_called_per_head():
@@ -63,6 +82,7 @@ def test_report_header_names_partial_rotary_and_qk_norm(tmp_path, stablelm):
     io.write_json(tmp_path / "manifest.json", {"config": {}, "model": {"name": "m"}})
     write_report_files(tmp_path, [], {}, info)
     header = ("StableLmForCausalLM, 2 layers x 4 heads (2 KV heads: grouped-query attention), partial rotary (4 of "
-              "each head's 16 dims turned, 12 position-free), q/k LayerNorm per head, d_model 64")
+              "each head's 16 dims turned, 12 position-free), q/k LayerNorm per head (after hook_q/hook_k, "
+              "before hook_rot_q/hook_rot_k), d_model 64")
     assert f"<p>{escape(header)}." in (tmp_path / "report.html").read_text()
     assert f"\n\n{md_escape(header)}\n" in (tmp_path / "report.md").read_text()

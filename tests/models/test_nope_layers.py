@@ -64,8 +64,9 @@ def test_kv_and_position_words_name_the_nope_layers(smol):
 
     records = [rec(0, 0.16, False), rec(1, 0.31, True), rec(2, 0.14, False), rec(3, 0.12, False)]
     text = sink_sentence(records, n_sink=1, nope=[1, 3])
-    assert text.endswith("95%-CI above 0). Layers 1, 3 apply no rotary (NoPE): attention there sees positions only "
-                         "through the causal mask (the sink on layer 1 is on them)."), text
+    assert text.endswith("95%-CI above 0). Layers 1, 3 apply no rotary (NoPE): attention there has no position "
+                         "encoding of its own; positions reach it through the causal mask and what earlier layers "
+                         "wrote into the residual stream (the sink on layer 1 is on them)."), text
     assert "NoPE" not in sink_sentence(records, n_sink=1)
     _, model = smol
     s = hs.kv_analysis(model, None, hs.KVConfig.preset(quick=True)).summary
@@ -79,6 +80,6 @@ def test_position_retrieval_heads_on_a_nope_layer_are_named():
             "heads": [{"layer": 1, "head": 2, "r": 0.61, "ci": [0.4, 0.76], "p_holm": 0.001},
                       {"layer": 2, "head": 0, "r": 0.5, "ci": [0.3, 0.66], "p_holm": 0.01}]}
     said = _retrieval({"retrieval_test": test, "nope_layers": [1, 3]})
-    assert said.endswith(" L1H2 is on a layer without rotary (NoPE), which sees positions only through the causal "
-                         "mask."), said
+    assert said.endswith(" L1H2 is on a layer without rotary (NoPE), which has no position encoding of its own "
+                         "(positions reach it through the causal mask and the residual stream)."), said
     assert "NoPE" not in _retrieval({"retrieval_test": test})
