@@ -185,10 +185,15 @@ def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
 
 def _route(block, router, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights, chosen experts) [N, top_k] each for flat MLP inputs [N, d_model], as Hugging Face's MoE block routes:
-    a router that returns (logits, weights, indices) says them (transformers >= 5.1x); an older DeepSeek-V3 router
-    returns its logits and the block chooses (route_tokens_to_experts, transformers 5.9)."""
+    a router that returns (logits, weights, indices) says them (transformers >= 5.1x; 5.9's Ernie 4.5-MoE returns
+    (logits, indices, weights)); an older DeepSeek-V3 or Glm4-MoE router returns its logits and the block chooses
+    (route_tokens_to_experts, transformers 5.9)."""
     out = router(flat)
-    if isinstance(out, tuple) and len(out) == 3:
+    if isinstance(out, tuple) and len(out) == 3:  # (logits, weights, indices); transformers 5.9's Ernie 4.5-MoE:
+        weights = [t for t in out[1:] if t.is_floating_point()]  # (logits, indices, weights): told apart by dtype
+        chosen = [t for t in out[1:] if not t.is_floating_point()]
+        if len(weights) == 1 and len(chosen) == 1:
+            return weights[0], chosen[0]
         return out[1], out[2]
     chosen, weights = block.route_tokens_to_experts(out)
     return weights, chosen

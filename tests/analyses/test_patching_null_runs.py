@@ -62,10 +62,12 @@ def test_path_patching_an_output_with_itself_is_exactly_zero_in_bfloat16(bf16_ll
     assert len(df) and (df["effect"] == 0).all(), df[["sender_layer", "sender_head", "effect"]]
 
 
-def _hf_q_patch(path, dtype, task: Task, layer: int, head: int) -> tuple[float, float]:
+def _hf_q_patch(path, dtype, task: Task, layer: int, head: int, impl: str = "eager") -> tuple[float, float]:
     """(unpatched, patched) mean logit difference of plain Hugging Face on the corrupted prompts, the clean run's
-    q_proj output of `head` (every position) written into the corrupted run at `layer`; float32 subtraction."""
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
+    q_proj output of `head` (every position) written into the corrupted run at `layer`; float32 subtraction. impl:
+    Hugging Face's attention kernel (eager, as TransformerLens boots the hooked passes; sdpa, as the hook-free ones
+    run)."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=impl).eval()
     proj = hf.model.layers[layer].self_attn.q_proj
     d = hf.config.head_dim if getattr(hf.config, "head_dim", None) else hf.config.hidden_size // hf.config.num_attention_heads
     got = {}
@@ -95,17 +97,23 @@ def _hf_q_patch(path, dtype, task: Task, layer: int, head: int) -> tuple[float, 
 
 
 def test_a_q_cell_equals_hugging_face_by_hand(bf16_llama, tiny_dirs):
-    """q at L1H2 against plain HF (clean q_proj slice written into the corrupted run): within one bfloat16 rounding
-    step of the metric in bfloat16, to 1e-5 in float32 (the null runs change nothing there)."""
+    """q at L1H2 against plain HF (clean q_proj slice written into the corrupted run): in bfloat16 within one rounding
+    step of the metric (two for the patched value) plus the amount Hugging Face's own eager and SDPA kernels disagree
+    by (headscope's passes mix both: hooked blocks eager, resumed hook-free ones SDPA; under transformers 5.25 the
+    two kernels' patched values differ by 0.024 logits, 2.6 steps, on this task); to 1e-5 in float32 (the null runs
+    change nothing there)."""
     task = _task(False)
     for model, dtype, tol in ((bf16_llama, torch.bfloat16, None),
                               (hs.load_model(tiny_dirs["llama"], device="cpu"), torch.float32, 1e-5)):
         res = hs.activation_patching(model, task, sites=["q"])
         cell = res.df[(res.df["layer"] == 1) & (res.df["head"] == 2)].iloc[0]
         base, patched = _hf_q_patch(tiny_dirs["llama"], dtype, task, 1, 2)
+        other = _hf_q_patch(tiny_dirs["llama"], dtype, task, 1, 2, impl="sdpa")
         step = metrics.noise_floor(dtype, max(abs(base), abs(patched)))
-        assert cell["effect"] == pytest.approx(patched - base, abs=tol or step), (dtype, cell["effect"], patched - base)
-        assert cell["value"] == pytest.approx(patched, abs=tol or 2 * step)
+        kernels = (abs((other[1] - other[0]) - (patched - base)), abs(other[1] - patched))  # HF's own disagreement
+        assert cell["effect"] == pytest.approx(patched - base, abs=tol or step + kernels[0]), \
+            (dtype, cell["effect"], patched - base, other)
+        assert cell["value"] == pytest.approx(patched, abs=tol or 2 * step + kernels[1]), (dtype, cell["value"], patched, other)
         floor = res.summary["rounding_floor"]
         size = max(abs(res.summary["clean_metric"]), abs(res.summary["corrupted_metric"]))
         assert floor["floor"] == pytest.approx(metrics.noise_floor(dtype, size))  # no identity cell: one step
