@@ -121,11 +121,12 @@ class ExpertLayout:
     shared_width: int = 0
     renormalised: bool | None = None
     shared_gated: bool = False  # Qwen2-MoE's sigmoid(shared_expert_gate); DeepSeek's shared_experts are ungated
-    scoring: str | None = None  # "sigmoid" for DeepSeek-V3's router (else the softmax, not recorded)
+    scoring: str | None = None  # "sigmoid" for DeepSeek-V3's router, "softmax" where a choice bias is added to it
+    # (Ernie 4.5-MoE); None: a plain softmax, not recorded
     routed_scaling_factor: float | None = None  # DeepSeek: the top-k weights are multiplied by it
     n_group: int | None = None  # DeepSeek's group-limited choice: top-k among the best topk_group of n_group groups
     topk_group: int | None = None
-    choice_bias: bool = False  # DeepSeek's e_score_correction_bias: added to the scores for the choice only
+    choice_bias: bool = False  # DeepSeek's, Glm4-MoE's, Ernie's e_score_correction_bias: added for the choice only
 
     def as_dict(self) -> dict:
         """The layout for a summary or manifest: shared_gated only with a shared expert, the sigmoid router's fields
@@ -164,7 +165,10 @@ def _measure_renormalised(router, weight: torch.Tensor) -> bool | None:
         return None
     if not isinstance(out, tuple) or len(out) != 3:
         return None
-    sums = out[1].float().sum(-1)  # [8]
+    weights = [t for t in out[1:] if t.is_floating_point()]  # (logits, weights, indices); 5.9's Ernie: indices first
+    if len(weights) != 1:
+        return None
+    sums = weights[0].float().sum(-1)  # [8]
     return bool(torch.allclose(sums, torch.ones_like(sums), atol=4 * float(torch.finfo(weight.dtype).eps)))
 
 
@@ -181,6 +185,8 @@ def expert_layout(model, layer: int) -> ExpertLayout | None:
     width = int(width) if isinstance(width, int) and isinstance(getattr(experts, "gate_up_proj_bias", None),
                                                                 torch.Tensor) else experts.down_proj.shape[2]
     sigmoid = isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor)  # HF DeepseekV3TopkRouter
+    statics = getattr(router, "moe_statics", None)  # Ernie 4.5-MoE: softmax, then a correction bias for the choice
+    softmax_bias = isinstance(getattr(statics, "e_score_correction_bias", None), torch.Tensor)
     return ExpertLayout(n_experts=n_experts, expert_width=width,
                         top_k=None if top_k is None else int(top_k),
                         shared_width=0 if shared is None else raw_module(shared.up_proj).weight.shape[0],
@@ -190,7 +196,8 @@ def expert_layout(model, layer: int) -> ExpertLayout | None:
                         **(dict(scoring="sigmoid", choice_bias=True,
                                 routed_scaling_factor=float(_setting(router, block, "routed_scaling_factor", default=1.0)),
                                 n_group=int(_setting(router, block, "num_group", "n_group", default=1)),
-                                topk_group=int(_setting(router, block, "topk_group", default=1))) if sigmoid else {}))
+                                topk_group=int(_setting(router, block, "topk_group", default=1))) if sigmoid else
+                           dict(scoring="softmax", choice_bias=True) if softmax_bias else {}))
 
 
 def choice_scores(model, layer: int, logits: torch.Tensor) -> tuple[torch.Tensor, str, torch.dtype]:

@@ -43,6 +43,10 @@ def renormalised_words(e: Mapping[str, Any]) -> str:
     sigmoid = sigmoid_routing_words(e)
     if sigmoid:
         return f" {sigmoid}"
+    if e.get("scoring") == "softmax" and e.get("choice_bias"):  # Ernie 4.5-MoE (review 20e B)
+        renorm = {True: " renormalised to sum to 1", False: " not renormalised"}.get(e.get("renormalised"), "")
+        return (" by softmax probability plus e_score_correction_bias (for the choice only); weights: the chosen "
+                f"experts' probabilities{renorm}")
     said = e.get("renormalised")
     if said is True:
         return " whose weights are renormalised to sum to 1"

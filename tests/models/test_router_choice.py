@@ -110,3 +110,21 @@ def test_choice_scores_rank_the_experts_hugging_faces_router_chose(router_models
     assert torch.equal(ours, chosen.sort(-1).values)
     assert not torch.equal(logits.topk(2, dim=-1).indices.sort(-1).values, chosen.sort(-1).values)
     assert "correction bias" in words and computed == torch.float32
+
+
+def test_layout_words_name_the_routers_choice_score(router_models):
+    """Review 20e B (redone): the header's layout words say Ernie 4.5-MoE chooses on its softmax plus the correction
+    bias (HF's Ernie4_5_MoeStatics) and renormalises the chosen weights (HF divides them by their sum), and Glm4-MoE
+    on the sigmoid plus its bias within the best groups, as each HF router computes."""
+    from headscope.reports.moe_words import renormalised_words
+
+    hf, model = router_models
+    layout = hs.hooks.expert_layout(model, 0).as_dict()
+    words = renormalised_words(layout)
+    assert layout["choice_bias"] is True and layout["renormalised"] is True
+    if hasattr(hf.model.layers[0].mlp.gate, "moe_statics"):
+        assert layout["scoring"] == "softmax"
+        assert words == (" by softmax probability plus e_score_correction_bias (for the choice only); weights: the "
+                         "chosen experts' probabilities renormalised to sum to 1")
+    else:
+        assert layout["scoring"] == "sigmoid" and "within the best 2 of 4 expert groups" in words
