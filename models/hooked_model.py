@@ -464,7 +464,10 @@ class HookedModel(TLHabits):
             except Exception:  # noqa: BLE001  a repr never raises: a layout it cannot read is shown as d_mlp
                 return f"d_mlp={self.facts.d_mlp}"
             what = (f"dense {self.facts.d_mlp}" if e is None else f"{e.n_experts} experts x {e.expert_width}"
-                    + (f", top-{e.top_k}" if e.top_k else "") + (f" + shared {e.shared_width}" if e.shared_width else "")
+                    + (f", top-{e.top_k}" if e.top_k else "")
+                    # review 20a C: which weights mix the chosen experts (Mixtral renormalises; Qwen-MoE may not)
+                    + {True: " renormalised", False: " not renormalised"}.get(e.renormalised if e.top_k else None, "")
+                    + (f" + shared {e.shared_width}" if e.shared_width else "")
                     + (f", {self.facts.expert_act}" if self.facts.expert_act else ""))  # review 19b A3
             kinds.setdefault(what, []).append(layer)
         if list(kinds) == [f"dense {self.facts.d_mlp}"]:

@@ -402,7 +402,8 @@ def test_print_model_names_its_dtype_and_each_kind_of_mlp(mixed_moe_dir):
     c = transformers.AutoConfig.from_pretrained(mixed_moe_dir)
     model = hs.load_model(mixed_moe_dir, device="cpu", dtype=torch.bfloat16)
     assert (f"d_model={c.hidden_size}, mlp=(layer 0: dense {c.intermediate_size}; layer 1: {c.num_experts} experts x "
-            f"{c.moe_intermediate_size}, top-{c.num_experts_per_tok} + shared {c.shared_expert_intermediate_size}), "
+            f"{c.moe_intermediate_size}, top-{c.num_experts_per_tok}{'' if c.norm_topk_prob else ' not'} renormalised"
+            f" + shared {c.shared_expert_intermediate_size}), "
             f"n_ctx=") in repr(model), repr(model)
     assert repr(model).endswith("dtype=bfloat16, device=cpu)") and "d_mlp" not in repr(model)
 

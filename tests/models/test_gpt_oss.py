@@ -54,7 +54,7 @@ def test_gpt_oss_particulars_named(tiny_gpt_oss):
     (not "silu, gated"), the attention biases and YaRN rope scaling."""
     _, model = tiny_gpt_oss
     text = repr(model)
-    assert "mlp=(4 experts x 16, top-2, clamped SwiGLU (limit 7, alpha 1.702, up + 1))" in text
+    assert "mlp=(4 experts x 16, top-2 renormalised, clamped SwiGLU (limit 7, alpha 1.702, up + 1))" in text
     assert "silu" not in text
     assert "learned_sinks=True (each row's weights over the keys sum to less than 1)" in text
     assert "attention_bias=True" in text and "rope_scaling=YaRN rope scaling (factor 32)" in text

@@ -22,5 +22,6 @@ def test_the_layout_reader_lives_in_models_and_reads_each_block_as_the_hf_config
         c.norm_topk_prob)
     assert hs.hooks.expert_layout is expert_layout and not hasattr(hooked_model, "EXPERT_LAYOUT")
     assert (f"mlp=(layer 0: dense {c.intermediate_size}; layer 1: {c.num_experts} experts x "
-            f"{c.moe_intermediate_size}, top-{c.num_experts_per_tok} + shared {c.shared_expert_intermediate_size})"
+            f"{c.moe_intermediate_size}, top-{c.num_experts_per_tok}{'' if c.norm_topk_prob else ' not'} renormalised"
+            f" + shared {c.shared_expert_intermediate_size})"
             ) in repr(model)
