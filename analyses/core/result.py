@@ -34,6 +34,23 @@ def register_view(kind: str, fn: Callable[..., Any]) -> None:
     _VIEWS[kind] = fn
 
 
+HEADLESS = ("agg", "cairo", "pdf", "pgf", "ps", "svg", "template")  # matplotlib backends that show nothing themselves
+
+
+def _release(figures: Mapping[str, Any]) -> None:
+    """Close `figures` in pyplot's registry under a headless backend (HEADLESS); in a notebook (inline) or a GUI
+    backend they stay open for display."""
+    import matplotlib
+
+    if str(matplotlib.get_backend()).lower() not in HEADLESS:
+        return
+    import matplotlib.pyplot as plt
+
+    for fig in figures.values() if isinstance(figures, Mapping) else ():
+        if hasattr(fig, "savefig"):
+            plt.close(fig)
+
+
 def _view(kind: str) -> Callable[..., Any]:
     if kind not in _VIEWS:
         raise ConfigError(f"No {kind} view of results is registered; `import headscope.reports` installs them.")
@@ -49,8 +66,12 @@ class Result:
     config: Mapping[str, Any] = field(default_factory=dict)
 
     def plot(self, **kwargs: Any) -> dict:
-        """Draw this result's figures: {figure name: matplotlib Figure} (headscope.reports.plots)."""
-        return _view("plot")(self, **kwargs)
+        """Draw this result's figures: {figure name: matplotlib Figure} (headscope.reports.plots). Under a backend
+        that shows nothing by itself (a script's Agg, PDF, SVG...) pyplot lets go of them once drawn, so a loop of
+        plot() calls does not pile up open figures (review 20a C); each returned Figure still saves (fig.savefig)."""
+        figures = _view("plot")(self, **kwargs)
+        _release(figures)
+        return figures
 
     def _repr_html_(self) -> str:
         return _view("html")(self)

@@ -361,6 +361,19 @@ def test_figures_draw(tiny_models):
     assert "nats" in figs["circuits_lens"].axes[-1].get_ylabel()
     for fig in figs.values():
         plt.close(fig)
+    # review 20a C: Result.plot() under a headless backend (Agg here) leaves no figure open in pyplot, and what it
+    # returns still saves
+    import io
+
+    import matplotlib
+
+    assert matplotlib.get_backend().lower() == "agg"
+    before = set(plt.get_fignums())
+    drawn = res.plot()
+    assert drawn and set(plt.get_fignums()) == before
+    buf = io.BytesIO()
+    next(iter(drawn.values())).savefig(buf, format="png")
+    assert buf.getvalue().startswith(b"\x89PNG")
 
 
 @pytest.mark.slow
