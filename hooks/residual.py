@@ -120,6 +120,19 @@ def _warn_softcap(model) -> None:
                   f"no row is a share of the capped logit.", HeadscopeWarning, stacklevel=3)
 
 
+def _warn_half(model, dtype: torch.dtype) -> None:
+    """Once per model (review 20a C): in half precision the cached writes a stack holds are rounded to that dtype, as
+    is the model's own output, so logit_attrs' rows (float32, the bias row included) sum to its logit (difference)
+    only up to that rounding."""
+    if dtype not in (torch.bfloat16, torch.float16) or getattr(model, "_headscope_half_attrs_warned", False):
+        return
+    model._headscope_half_attrs_warned = True
+    name = str(dtype).removeprefix("torch.")
+    warnings.warn(f"logit_attrs on {model.facts.name} in {name}: the cached writes are {name}, as is the model's output, "
+                  f"so the rows (with incl_bias=True) sum to its logit (difference) only up to {name} rounding, not "
+                  f"exactly as in float32.", HeadscopeWarning, stacklevel=3)
+
+
 def _check_scale_shape(stack: torch.Tensor, scale: torch.Tensor, pos_slice: Any) -> None:
     """A stack [components, *axes, d_model] must carry exactly the cached scale's axes [*axes, 1]
     (after the slices): a stack sliced to some positions against every position's scale
@@ -185,6 +198,7 @@ class CacheHabits:
                               "unscaled stack, e.g. cache.decompose_resid(pos_slice=-1) without apply_ln=True.")
         model = self._needs_model("logit_attrs")
         _warn_softcap(model)
+        _warn_half(model, residual_stack.dtype)
         ids = _token_ids(model, tokens)
         directions = model.tokens_to_residual_directions(ids)  # [*ids.shape, d_model]
         wrong = None

@@ -184,3 +184,31 @@ def test_full_decomposition_stack_activation_and_remove_batch_dim_match_transfor
     assert close(one.stack_head_results(apply_ln=True, pos_slice=-1), acts.stack_head_results(apply_ln=True)[:, 0, -1])
     with pytest.raises(ConfigError, match="one example"):
         acts.remove_batch_dim()
+
+
+def test_logit_attrs_in_bfloat16_warn_once_that_rows_are_rounded(biased_dirs):
+    """Review 20a C (redone): on a bfloat16 model the cached writes and the model's own logits are bfloat16, so the
+    rows (bias row included) sum to the model's logit difference only up to that rounding: a warning says so once per
+    model, and the gap is within a few bfloat16 steps of the logits' size (none in float32: no warning there)."""
+    import warnings
+
+    from headscope.analyses.core import metrics
+    from headscope.errors import HeadscopeWarning
+
+    model = hs.load_model(biased_dirs["llama"], device="cpu", dtype=torch.bfloat16)
+    tokens = random_tokens(3, 9, seed=5)
+    prompt, answers, wrong = tokens[:, :-1], tokens[:, -1], tokens[:, 2].clone()
+    with torch.no_grad():
+        output, acts = hs.run_with_cache(model, prompt)
+    stack = acts.decompose_resid(pos_slice=-1)  # [components, batch, d_model] bfloat16
+    with pytest.warns(HeadscopeWarning, match="in bfloat16: the cached writes are bfloat16"):
+        rows = acts.logit_attrs(stack, answers, wrong, pos_slice=-1, incl_bias=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeadscopeWarning)
+        acts.logit_attrs(stack, answers, wrong, pos_slice=-1, incl_bias=True)  # said once per model
+    last = output[:, -1].float()
+    rows3 = torch.arange(3)
+    want = last[rows3, answers] - last[rows3, wrong]  # [3] the model's own logit difference
+    size = float((last[rows3, answers].abs() + last[rows3, wrong].abs()).max())
+    gap = float((rows.detach().float().sum(0) - want).abs().max())
+    assert gap <= 8 * metrics.noise_floor(torch.bfloat16, size), (gap, size)
