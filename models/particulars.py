@@ -70,8 +70,8 @@ def facts(bridge: Any, config: Any) -> dict[str, Any]:
     """ModelFacts' learned_sinks, attention_bias (and which projections: attention_bias_on), rope_scaling and
     expert_act."""
     bias = getattr(config, "attention_bias", None)
-    on = biased_projections(bridge) if bias is True else ()
-    return {"learned_sinks": learned_sinks(bridge), "attention_bias": bias is True, "attention_bias_on": on,
+    on = biased_projections(bridge)  # read off the modules: Qwen2's q/k/v and Starcoder2's biases have no such flag
+    return {"learned_sinks": learned_sinks(bridge), "attention_bias": bias is True or bool(on), "attention_bias_on": on,
             "rope_scaling": rope_scaling(config), "expert_act": expert_act(bridge)}
 
 

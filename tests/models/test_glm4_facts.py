@@ -68,3 +68,18 @@ def test_olmo2_norms_after_each_sublayer_and_llama_rotary_by_halves(more_arch_di
     llama = tiny_models["llama"]
     assert llama.facts.rotary_interleaved is False and llama.facts.norm_placement is None
     assert "interleaved" not in repr(llama) and "norms=" not in repr(llama)
+
+
+def test_biases_read_off_the_modules_where_the_config_has_no_flag(tmp_path):
+    """Qwen2 holds q/k/v biases with no attention_bias in its config (HF's Qwen2Attention hard-codes them): the facts
+    and header name them, read off the modules as for Glm4."""
+    from headscope.models.particulars import header_words as particular_words
+    from tests_support import build_tiny_model
+
+    model = hs.load_model(build_tiny_model("qwen2", tmp_path / "qwen2"), device="cpu")
+    attn = model.bridge.original_model.model.layers[0].self_attn
+    held = tuple(name for name, proj in (("q", attn.q_proj), ("k", attn.k_proj), ("v", attn.v_proj),
+                                         ("output", attn.o_proj)) if proj.bias is not None)
+    assert held == ("q", "k", "v") and getattr(model.bridge.original_model.config, "attention_bias", None) is None
+    assert model.facts.attention_bias is True and model.facts.attention_bias_on == held
+    assert "attention biases on q, k and v (none on the output)" in particular_words(vars(model.facts))
