@@ -34,8 +34,9 @@ def hf_float32_kept() -> Iterator[None]:
         return
 
     def keeping(model: Any, dtype: torch.dtype) -> None:
-        kept = {} if dtype not in _HALF else {
-            name: p.detach().clone() for name, p in model.named_parameters() if p.dtype == torch.float32}
+        kept = {} if dtype not in _HALF or _quantized(model) else {  # a quantized model: TransformerLens casts nothing
+            name: p.detach().clone() for name, p in model.named_parameters()
+            if p.dtype == torch.float32 and p.device.type != "meta"}  # offloaded (meta) weights: Accelerate's to keep
         cast(model, dtype)
         if kept:
             own = dict(model.named_parameters())
@@ -49,7 +50,10 @@ def hf_float32_kept() -> Iterator[None]:
         source.maybe_cast_floating_params = cast
 
 
-def float32_kept(model: Any) -> list[str]:
-    """The parameter names of a Hugging Face model that its half-precision load keeps in float32 ([] in float32)."""
-    return [name for name, p in model.named_parameters() if p.dtype == torch.float32] if any(
-        p.dtype in _HALF for p in model.parameters()) else []
+def _quantized(model: Any) -> bool:
+    """Whether the model carries an active quantizer (TransformerLens then skips its cast altogether)."""
+    try:
+        from transformer_lens.utilities.quantization import quantization_method
+    except ImportError:
+        return getattr(getattr(model, "config", None), "quantization_config", None) is not None
+    return quantization_method(getattr(model, "config", None)) is not None

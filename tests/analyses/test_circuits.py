@@ -594,7 +594,7 @@ def test_expert_rows_read_a_post_mlp_norm_without_an_mlp_out_hook(more_arch_mode
                     torch.testing.assert_close(torch.tensor(got.to_numpy()).float(), want, atol=2e-5, rtol=1e-4)
 
 
-def test_lens_counts_top1_answers_tied_within_rounding(tiny_dirs):
+def test_lens_counts_top1_answers_tied_within_rounding(tiny_dirs, tiny_models):
     """Review 20a B1 (redone): in bfloat16 the lens's top-1 can be a tie. A llama loaded in bfloat16 whose unembedding
     row of a second token is set to the answer's own (their output logits then equal, by construction) has, at the
     output row, every example's answer top-1 (rank counts strictly larger logits) and tied: the lens counts it
@@ -625,5 +625,5 @@ def test_lens_counts_top1_answers_tied_within_rounding(tiny_dirs):
 
     words = _top1_share({**s, "n_examples": 4}, last, s["lens_top1_fraction_per_layer"])
     assert "another token's logit is within one rounding step of the answer's, so rounding could put either first" in words
-    plain = circuits.logit_lens(hs.load_model(tiny_dirs["llama"], device="cpu"), task).summary
+    plain = circuits.logit_lens(tiny_models["llama"], task).summary
     assert not any(plain["lens_top1_within_rounding_per_layer"].values())
