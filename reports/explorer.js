@@ -31,7 +31,14 @@
   }
   // A token as shown: a space as "\u2423" (a byte-level BPE's " Sever" is "\u2423Sever", a lone space token
   // "\u2423", never a blank label), a newline as "\u21b5", a tab as "\u21e5" (review 10a B2).
-  function visible(t) { return String(t).replace(/ /g, "\u2423").replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5"); }  // tokens_view.visible_token
+  function visible(t) {  // tokens_view.visible_token: spaces, newlines, tabs, then any other control or zero-width mark
+    return String(t).replace(/ /g, "\u2423").replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5").replace(
+      /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]/g, function (c) {
+        var code = c.charCodeAt(0), hex = code.toString(16);
+        if (code === 0x0d) { return "\\r"; }
+        return code < 0x100 ? "\\x" + ("0" + hex).slice(-2) : "\\u" + ("000" + hex).slice(-4);
+      });
+  }
   var shownTokens = data.examples.map(function (e) { return e.tokens.map(visible); });
   function tokens() { return shownTokens[st.ex]; }
   // review 11b C1: a several-token answer's pieces the prompt runs on with (teacher forcing) are marked

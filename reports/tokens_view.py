@@ -8,6 +8,8 @@ opacity |score| / max |score|), so a negative attribution is never clipped away;
 """
 from __future__ import annotations
 
+import re
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -222,12 +224,26 @@ def one_example_grids(result: Any, limit: int = 4) -> str:
     return "".join(out)
 
 
+_INVISIBLE = re.compile("[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
+
+
+def _invisible(match: re.Match) -> str:
+    """A control or zero-width character as its escape, in glyphs every font has: a carriage return "\\r", any other
+    below U+0100 "\\xNN" (NUL "\\x00", DEL "\\x7f"), above it "\\uNNNN" (a zero-width space "\\u200b")."""
+    code = ord(match.group())
+    if code == 0x0D:
+        return "\\r"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def visible_token(token: Any) -> str:
     """A token as a label that shows its whitespace: each space as "␣", a newline as "↵", a tab as "⇥" (review 10a
     B2: a byte-level BPE's " Sever" must read apart from the word piece "al", and a token that is only a space
-    must not be a blank label). The explorer's script (explorer.js `visible`) and the figures' token ticks
-    (plots.token_label) show tokens the same way."""
-    return str(token).replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+    must not be a blank label), any other control or zero-width character as its escape (a carriage
+    return "\\r", a zero-width space "\\u200b": review 20, they were blank labels). The explorer's script
+    (explorer.js `visible`) and the figures' token ticks (plots.token_label) show tokens the same way."""
+    text = str(token).replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+    return _INVISIBLE.sub(_invisible, text)
 
 
 # ---- attention patterns of chosen heads --------------------------------------------------------------

@@ -488,8 +488,9 @@ def test_explorer_in_chromium_shows_the_captured_patterns(llama, data, tmp_path)
         assert page.console_errors == [] and page.requests == []
 
 
-SPACED = ["<s>", " Sever", "al", " ", "N", "o", " the\n", "\tx"]  # a byte-level BPE's pieces, a lone space
-SHOWN = ["<s>", "\u2423Sever", "al", "\u2423", "N", "o", "\u2423the\u21b5", "\u21e5x"]
+# a byte-level BPE's pieces, a lone space; review 20: a carriage return and a zero-width space were blank labels
+SPACED = ["<s>", " Sever", "al", " ", "N", "o", " the\n", "\tx", "\r", "\u200b"]
+SHOWN = ["<s>", "\u2423Sever", "al", "\u2423", "N", "o", "\u2423the\u21b5", "\u21e5x", "\\r", "\\u200b"]
 
 
 def test_token_labels_show_spaces_in_pattern_views_and_figures():
