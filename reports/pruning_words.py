@@ -148,7 +148,9 @@ def _count(x: float) -> str:
 def heads_span(low: float, high: float) -> str:
     """A bootstrap interval in heads: "10-11 heads", or "6 heads, a single value" where both ends are one count
     (review 11c: "6-6 heads" printed one value as a range; the count held in at least 95% of the resamples)."""
-    return f"{_count(low)}-{_count(high)} heads" if low != high else f"{_count(low)} heads, a single value"
+    if low != high:
+        return f"{_count(low)}-{_count(high)} heads"
+    return f"{_count(low)} head{'' if float(low) == 1 else 's'}, a single value"  # review 20: "1 heads"
 
 
 def _name(s: Mapping[str, Any], key: str, named: set[str] | None = None) -> str:

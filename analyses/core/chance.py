@@ -32,8 +32,8 @@ The rule: the guard asks whether the model is credibly *above* chance; it is at 
    units (FLOORS: 0.1 logits, i.e. odds of at most 1.1 between answer and wrong answer; log 2 nats,
    the answer at most twice as likely as under a uniform guess; 5 accuracy points),
 2. the lower end of the two-sided (1 - alpha) confidence interval of the mean lies above chance
-   (a one-sided test at alpha/2: a one-sample t interval; for 0/1 accuracies the exact
-   Clopper-Pearson interval, p_value the central exact binomial p it inverts), and
+   (a one-sided test at alpha/2: a one-sample t interval, cut at the metric's RANGES; for 0/1 accuracies the
+   exact Clopper-Pearson interval, p_value the central exact binomial p it inverts), and
 3. the standardised effect (mean - chance) / sd across examples is at least MIN_EFFECT_SIZE = 0.2
    (Cohen's "small"): below it the per-example noise drowns the behaviour, and a large enough set
    of examples would make any bias of a random model significant (not applied to 0/1 accuracies).
@@ -79,6 +79,9 @@ FLOORS = {"logit_diff": 0.1, "logprob": math.log(2), "accuracy": 0.05}
 MIN_EFFECT_SIZE = 0.2  # (mean - chance) / sd below this: at chance
 MIN_SYSTEMATIC_EXAMPLES = 8  # fewer examples wholly below chance: not called systematic
 UNDETERMINED_EFFECT = 0.5  # a CI over chance with a mean this many sds above it (and over the floor): too wide to tell
+# What a metric's mean can be: a t interval of fractional accuracies (each example's share of several readings) is
+# cut at them, as the mean it covers cannot lie beyond (a cut interval covers the mean whenever the uncut one does).
+RANGES = {"accuracy": (0.0, 1.0), "logprob": (-math.inf, 0.0)}
 _WORDS = {"logit_diff": "logit difference", "logprob": "answer log-probability", "accuracy": "accuracy"}
 
 
@@ -122,7 +125,8 @@ def _interval(values: np.ndarray, metric: str, chance: float, alpha: float) -> t
     if sd == 0.0:  # every example the same: the mean is exact
         return [mean, mean], (1.0 if mean == chance else 0.0)
     half = t_half_width(sd, n, alpha=alpha)
-    return [mean - half, mean + half], float(stats.ttest_1samp(values, chance).pvalue)
+    low, high = RANGES.get(metric, (-math.inf, math.inf))  # review 20: an accuracy's t interval reached -0.014
+    return [max(mean - half, low), min(mean + half, high)], float(stats.ttest_1samp(values, chance).pvalue)
 
 
 def _flat(x: Any) -> np.ndarray:

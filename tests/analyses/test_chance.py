@@ -240,6 +240,22 @@ def test_accuracy_uses_the_exact_binomial_test():
     assert chance.assess([1.0] * 30 + [0.0] * 34, "accuracy", n_classes=2)["at_chance"] is True  # 47% of 2 classes
 
 
+def test_a_fractional_accuracys_interval_stays_within_0_and_1():
+    """Review 20: position's accuracy per example is its share of several gold positions, so its interval is a t
+    interval, which read [-0.014, 0.0765] for a mean of 0.031; an accuracy's interval now stops at 0 (and at 1), the
+    t interval's other end kept."""
+    shares = np.array([0.0] * 13 + [0.2, 0.4, 0.2])  # 16 examples, each the share of 5 positions answered right
+    out = chance.assess(shares, "accuracy", n_classes=17)
+    half = stats.t.ppf(0.975, 15) * shares.std(ddof=1) / np.sqrt(16)
+    assert shares.mean() - half < 0  # the premise: the plain t interval reaches below 0
+    assert out["ci"] == pytest.approx([0.0, shares.mean() + half]) and out["at_chance"] is True
+    full = chance.assess(1.0 - shares, "accuracy", n_classes=17)
+    assert full["ci"] == pytest.approx([1.0 - shares.mean() - half, 1.0])
+    assert chance.assess([-0.1, -0.3, -0.2, -0.01], "logprob", vocab_size=4)["ci"][1] == 0.0  # a log-probability's at 0
+    logit = chance.assess(shares - 0.5, "logit_diff")  # an unbounded metric keeps the whole t interval
+    assert logit["ci"] == pytest.approx([shares.mean() - 0.5 - half, shares.mean() - 0.5 + half])
+
+
 def test_chance_values_and_metrics_without_one():
     assert chance.chance_value("logprob", vocab_size=100) == pytest.approx(-math.log(100))
     assert chance.chance_value("accuracy", vocab_size=100, n_classes=4) == 0.25

@@ -416,6 +416,8 @@ def test_a_bootstrap_interval_of_one_count_is_not_printed_as_a_range():
     assert "gradient 50% (6 heads, a single value)" in text
     assert "random 50% (6, 6 and 6 heads over 3 random orders; too few seeds for an interval)" in text
     assert "11-11" not in text and "6-6" not in text
+    one = finding("heads", {**base, **_prunable("ablation", 11, 11, 11), **_prunable("gradient", 1, 1, 1)})
+    assert "gradient 8% (1 head, a single value)" in one and not re.search(r"\b1 heads", one)  # review 20: "1 heads"
 
 
 def test_a_tie_says_which_rounding_floor_it_is_within():
