@@ -174,7 +174,8 @@ def _apart(s: Mapping[str, Any], mine: str, other: str) -> bool | None:
 def _kv_closest_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
     """Review 13c A3: where neither kv finding has a policy within the band, each ends on the policy closest to the
     full cache (kv_policy_words.closest_policies); compare lists those choices: the same (or tied), or a difference judged
-    within each run: within noise where, in each run, the other run's choice's interval overlaps its own choice's."""
+    within each run: within noise (SAME) where, in each run, the other run's choice's interval overlaps its own choice's;
+    not compared where an interval is missing."""
     from headscope.reports.kv_policy_words import closest_policies
 
     got = []
@@ -194,14 +195,16 @@ def _kv_closest_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
     apart = [_apart(sa, a, b), _apart(sb, b, a)]
     other = [f"in {side}, {p.replace('_', ' ')} at budget {r['budget']}: {_change_words(s, r)}"
              for side, s, p in (("A", sa, b), ("B", sb, a)) if (r := _closest_row(s, p)) is not None]
+    # review 20: a choice that differs within noise was listed among the differences; as _dla_top_note does, it goes
+    # with the agreements (SAME), and one without an interval with what was not compared
     if any(x is None for x in apart):
-        verdict = "an interval is missing: whether the choice differs beyond noise is not known"
+        verdict, head = "an interval is missing: whether the choice differs beyond noise is not known", NOT_COMPARED
     elif any(apart):
-        verdict = "beyond noise: " + " and ".join(side for side, x in zip(SIDES, apart) if x) + \
-            "'s choice clears the other run's choice in its own run"
+        verdict, head = ("beyond noise: " + " and ".join(side for side, x in zip(SIDES, apart) if x)
+                         + "'s choice clears the other run's choice in its own run"), ""
     else:
-        verdict = "within noise: in each run the other run's choice's 95% interval overlaps its own choice's"
-    return [f"{label}: {said} ({n}); {'; '.join(other)}: {verdict}."]
+        verdict, head = "within noise: in each run the other run's choice's 95% interval overlaps its own choice's", SAME
+    return [head + f"{label}: {said} ({n}); {'; '.join(other)}: {verdict}."]
 
 
 def _kv_rows_n(s: Mapping[str, Any], label: str) -> dict[str, Any]:

@@ -1888,8 +1888,8 @@ def test_compare_lists_the_policy_each_kv_finding_ends_on_with_its_tie_and_noise
         f"n = 16) ({n})."), notes
     untied = summary({**{p: r["closest"] for p, r in a["holding_budgets"]["policies"].items()},
                       "heavy_hitters": row(16, -0.40, -0.45, -0.35, 128)}, 128)
-    assert _verdict_notes("kv", untied, b)[-1] == (
-        f"{label}: A window at budget 16: keeps 66.9% of the full-cache logit difference (95% CI of the change [-42.7%, "
+    assert _verdict_notes("kv", untied, b)[-1] == (  # review 20: within noise, with the agreements (it was a difference)
+        f"(same) {label}: A window at budget 16: keeps 66.9% of the full-cache logit difference (95% CI of the change [-42.7%, "
         "-23.4%], n = 128), B heavy hitters at budget 16: keeps 92.1% of the full-cache logit difference (95% CI of the "
         f"change [-17.6%, +1.8%], n = 16) ({n}); in A, heavy hitters at budget 16: keeps 60.0% of the full-cache logit "
         "difference; in B, window at budget 16: keeps 72.0% of the full-cache logit difference: within noise: in each "
@@ -1897,6 +1897,9 @@ def test_compare_lists_the_policy_each_kv_finding_ends_on_with_its_tie_and_noise
     clear = summary({"window": row(16, -0.30, -0.35, -0.25, 16), "heavy_hitters": row(16, -0.05, -0.08, -0.02, 16)}, 16)
     assert _verdict_notes("kv", untied, clear)[-1].endswith(
         "beyond noise: B's choice clears the other run's choice in its own run."), _verdict_notes("kv", untied, clear)
+    assert _verdict_notes("kv", untied, clear)[-1].startswith(label)  # a difference: no prefix
+    bare = summary({"window": row(16, -0.30, None, None, 1), "heavy_hitters": row(16, -0.05, None, None, 1)}, 1)
+    assert _verdict_notes("kv", untied, bare)[-1].startswith(f"(not compared) {label}: ")  # no interval: not compared
 
 
 def test_compare_links_both_reports_relative_to_the_page_escaped(tmp_path):
