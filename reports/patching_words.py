@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.models.hooked_model import window_words
-from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, attention_kind, ci_pair
+from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, attention_kind, ci_pair, ci_words
 from headscope.reports.patching_agreement import agreement
 from headscope.reports.patching_aligned import (
     _aligned_lead,
@@ -398,15 +398,34 @@ def _finding(s: Mapping[str, Any]) -> str:
     parts.extend(agreement(s, gap, rank=bool(cells)))  # sites are ranked (not at chance, nor over a gap within noise)
     if cells and (paths := _path_words(s.get("path_patching"), gap, metric, bool(s.get("normalized")))):
         parts.append(paths)
-    trace = s.get("causal_tracing")
-    if isinstance(trace, Mapping):
-        clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))
-        if clean is not None and corrupt is not None:
-            n = trace.get("n_examples")
-            said = distinct_pair(clean, corrupt)
-            parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {said[0]} "
-                         f"to {said[1]}" + (f" (mean over {n} prompts)." if n is not None else "."))
+    if words := _tracing_words(s.get("causal_tracing")):
+        parts.append(words)
     return " ".join(parts)
+
+
+TRACING_METRICS = {"prob": "answer probability", "normalized_logit_diff": "normalised logit difference",
+                   "task": "task metric"}  # the rest as findings._words names them
+
+
+def _tracing_words(trace: Any) -> str:
+    """'Causal tracing: noising the subject drops the answer probability from 1 (95% CI [..]) to 0.133 (95% CI [..]):
+    a paired drop of 0.867, 95% CI [..] over 32 prompts.' (review 20: the metric was unnamed and had no interval;
+    summaries written before drop_ci keep the means alone)."""
+    if not isinstance(trace, Mapping):
+        return ""
+    clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))
+    if clean is None or corrupt is None:
+        return ""
+    n, said = trace.get("n_examples"), distinct_pair(clean, corrupt)
+    cis = [ci_pair(trace.get(k)) for k in ("clean_metric_ci", "corrupted_metric_ci", "drop_ci")]
+    ends = [f"{v}" + (f" ({ci_words(ci, '.3g')})" if ci else "") for v, ci in zip(said, cis)]
+    metric = _words(TRACING_METRICS.get(str(trace.get("metric")), trace.get("metric") or "metric"))
+    moves, change = ("drops", "drop") if clean > corrupt else ("raises", "rise")
+    out = f"Causal tracing: noising the {trace.get('span', 'subject')} {moves} the {metric} from {ends[0]} to {ends[1]}"
+    if cis[2]:  # drop_ci is of clean - noised: a rise's is the other way round
+        ci = cis[2] if clean > corrupt else (-cis[2][1], -cis[2][0])
+        return out + f": a paired {change} of {abs(clean - corrupt):.3g}, {ci_words(ci, '.3g')} over {n} prompts."
+    return out + (f" (mean over {n} prompts)." if n is not None else ".")
 
 
 NO_GAP = "the corruption does not move the metric, so there is no difference for any patch to restore"

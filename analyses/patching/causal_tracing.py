@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headscope.analyses.core.chance import mean_interval
 from headscope.analyses.core.config import configure
 from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
@@ -119,7 +120,8 @@ def causal_tracing(
     Returns a Result: df (and tables["causal_tracing"]) with kind, layer, pos, token and role (each
     named only where every prompt that has the position agrees, else ""), ie (AIE) and restored (the mean metric after restoring);
     tables["causal_tracing_roles"] averages IEs per (kind, layer, role) over prompts; summary
-    has clean/corrupted metric, the noise std and the peak cell of each kind.
+    has clean/corrupted metric (the corrupted one each prompt's mean over the noise samples) with their 95% t
+    intervals over prompts and the paired one of the drop (drop_ci), the noise std and the peak cell of each kind.
     """
     cfg = configure(TracingConfig, config, config_overrides, name="causal_tracing")
     kinds, span, n_samples = cfg.kinds, cfg.span, cfg.n_samples
@@ -157,11 +159,17 @@ def causal_tracing(
         "restored": restored.double().numpy(),
     })
     by_role = role_table(cells, ie, role_of)
+    clean_rows = pm.fn(clean.output).double().cpu()  # [batch]
+    noised_rows = corrupt.double().mean(0).cpu()  # [batch]: each prompt's metric noised, over the noise samples
     summary = {
         "metric": pm.name,
         "span": span,
-        "clean_metric": float(pm.fn(clean.output).mean()),
-        "corrupted_metric": float(corrupt.mean()),
+        "clean_metric": float(clean_rows.mean()),
+        "corrupted_metric": float(noised_rows.mean()),
+        # review 20: the finding's drop had no interval: 95% t intervals over prompts, the drop's paired
+        "clean_metric_ci": _within(mean_interval(clean_rows.numpy()), pm.name),
+        "corrupted_metric_ci": _within(mean_interval(noised_rows.numpy()), pm.name),
+        "drop_ci": mean_interval((clean_rows - noised_rows).numpy()),
         "noise_std": noise_std,
         "n_samples": n_samples,
         "window": window,
@@ -172,6 +180,13 @@ def causal_tracing(
                   "window": window, "seed": cfg.seed}
     return Result(name="patching", df=df, summary=summary,
                   tables={"causal_tracing": df, "causal_tracing_roles": by_role}, config=config_out)
+
+
+def _within(ci: list[float] | None, metric: str) -> list[float] | None:
+    """A t interval of a mean cut at what the metric can be (a probability in [0, 1], a log-probability <= 0): the
+    mean it covers cannot lie beyond."""
+    low, high = {"prob": (0.0, 1.0), "logprob": (-np.inf, 0.0)}.get(metric, (-np.inf, np.inf))
+    return None if ci is None else [max(ci[0], low), min(ci[1], high)]
 
 
 def _checked_inputs(model, task: Task, cfg: TracingConfig) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:

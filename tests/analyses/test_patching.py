@@ -431,7 +431,7 @@ def test_causal_tracing_one_cell_by_hand(tiny_models):
     res = causal_tracing(model, task, kinds=["mlp"], n_samples=3, window=1, seed=4, progress=False)
     noise, _ = subject_noise(model, task.tokens, task.spans["subject"], 3, 3.0, 4)
     clean_mlp = hs.capture(model, task.tokens, [hs.site("mlp_out", 0)])[hs.site("mlp_out", 0)]
-    effects = []
+    effects, noised = [], []
     for s in range(3):
         add = [(hs.site("embed"), lambda act, hook, s=s: act + noise[s])]
 
@@ -445,8 +445,19 @@ def test_causal_tracing_one_cell_by_hand(tiny_models):
             restored = answer_logprob(model.run_with_hooks(task.tokens, fwd=add + [(hs.site("mlp_out", 0), restore)]),
                                       task.answers).exp()
         effects.append(restored - corrupt)
+        noised.append(corrupt)
     cell = res.df[(res.df.layer == 0) & (res.df.pos == 2)]
     assert cell["ie"].item() == pytest.approx(torch.stack(effects).mean().item(), abs=1e-6)
+    # review 20: the finding's clean and noised means carry 95% t intervals over prompts, the drop a paired one
+    with torch.no_grad():
+        clean = answer_logprob(model(task.tokens), task.answers).exp().double().numpy()  # [batch]
+    rows = {"clean_metric_ci": clean, "corrupted_metric_ci": torch.stack(noised).double().mean(0).numpy()}
+    rows["drop_ci"] = rows["clean_metric_ci"] - rows["corrupted_metric_ci"]
+    for key, x in rows.items():
+        low, high = scipy_stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=scipy_stats.sem(x))
+        if key != "drop_ci":  # a probability's interval stops at 0 and 1 (here the clean one's reached -0.0098)
+            low, high = max(low, 0.0), min(high, 1.0)
+        assert res.summary[key] == pytest.approx([low, high], abs=1e-6), key
 
 
 def test_causal_tracing_without_noise_has_no_effect(tiny_models):

@@ -3732,3 +3732,21 @@ def test_exact_map_captions_say_the_aligned_effects_are_no_cells_of_the_maps():
     assert "(up to 1.00 in the map's units)" in (caption_for("exact_head_out", flipped) or "")  # |9.39 / -9.39|
     s["at_corrupted_token"]["from_end"] = {"-5": 8}
     assert "aligned on that token" not in (caption_for("exact_head_out", s) or "")
+
+
+def test_causal_tracing_names_its_metric_and_gives_its_intervals():
+    """Review 20: "noising the subject drops the metric from 1 to 0.133 (mean over 32 prompts)" named no metric and had
+    no interval; a summary written before the intervals keeps the means alone."""
+    from headscope.reports.patching_words import _tracing_words
+
+    trace = {"clean_metric": 0.99999, "corrupted_metric": 0.1331, "metric": "prob", "n_examples": 32, "span": "subject",
+             "clean_metric_ci": [0.99998, 1.0], "corrupted_metric_ci": [0.08, 0.19], "drop_ci": [0.81, 0.92]}
+    assert _tracing_words(trace) == (
+        "Causal tracing: noising the subject drops the answer probability from 1 (95% CI [1, 1]) to 0.133 (95% CI "
+        "[0.08, 0.19]): a paired drop of 0.867, 95% CI [0.81, 0.92] over 32 prompts.")
+    old = {k: v for k, v in trace.items() if not k.endswith("_ci")}
+    assert _tracing_words(old) == ("Causal tracing: noising the subject drops the answer probability from 1 to 0.133 "
+                                   "(mean over 32 prompts).")
+    up = {**trace, "metric": "logit_diff", "clean_metric": -1.0, "corrupted_metric": 0.5, "drop_ci": [-2.0, -1.0]}
+    assert _tracing_words(up).startswith("Causal tracing: noising the subject raises the logit difference from -1 ")
+    assert _tracing_words(up).endswith(": a paired rise of 1.5, 95% CI [1, 2] over 32 prompts.")
