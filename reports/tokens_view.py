@@ -9,7 +9,6 @@ opacity |score| / max |score|), so a negative attribution is never clipped away;
 from __future__ import annotations
 
 import re
-
 from collections.abc import Sequence
 from typing import Any
 
