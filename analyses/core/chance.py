@@ -32,7 +32,7 @@ The rule: the guard asks whether the model is credibly *above* chance; it is at 
    units (FLOORS: 0.1 logits, i.e. odds of at most 1.1 between answer and wrong answer; log 2 nats,
    the answer at most twice as likely as under a uniform guess; 5 accuracy points),
 2. the lower end of the two-sided (1 - alpha) confidence interval of the mean lies above chance
-   (a one-sided test at alpha/2: a one-sample t interval, cut at the metric's RANGES; for 0/1 accuracies the
+   (a one-sided test at alpha/2: a one-sample t interval, cut at the caller's bounds; for 0/1 accuracies the
    exact Clopper-Pearson interval, p_value the central exact binomial p it inverts), and
 3. the standardised effect (mean - chance) / sd across examples is at least MIN_EFFECT_SIZE = 0.2
    (Cohen's "small"): below it the per-example noise drowns the behaviour, and a large enough set
@@ -79,9 +79,6 @@ FLOORS = {"logit_diff": 0.1, "logprob": math.log(2), "accuracy": 0.05}
 MIN_EFFECT_SIZE = 0.2  # (mean - chance) / sd below this: at chance
 MIN_SYSTEMATIC_EXAMPLES = 8  # fewer examples wholly below chance: not called systematic
 UNDETERMINED_EFFECT = 0.5  # a CI over chance with a mean this many sds above it (and over the floor): too wide to tell
-# What a metric's mean can be: a t interval of fractional accuracies (each example's share of several readings) is
-# cut at them, as the mean it covers cannot lie beyond (a cut interval covers the mean whenever the uncut one does).
-RANGES = {"accuracy": (0.0, 1.0), "logprob": (-math.inf, 0.0)}
 _WORDS = {"logit_diff": "logit difference", "logprob": "answer log-probability", "accuracy": "accuracy"}
 
 
@@ -110,8 +107,10 @@ def central_binomial_p(k: int, n: int, p0: float) -> float:
     return min(1.0, 2.0 * min(low, high))
 
 
-def _interval(values: np.ndarray, metric: str, chance: float, alpha: float) -> tuple[list[float] | None, float | None]:
-    """The (1 - alpha) CI of the mean and the two-sided p-value against `chance` (None for n < 2)."""
+def _interval(values: np.ndarray, metric: str, chance: float, alpha: float,
+              bounds: tuple[float, float] | None = None) -> tuple[list[float] | None, float | None]:
+    """The (1 - alpha) CI of the mean and the two-sided p-value against `chance` (None for n < 2); a t interval is cut
+    at `bounds`, what the mean can be (a cut interval covers the mean whenever the uncut one does)."""
     from scipy import stats
 
     n = len(values)
@@ -125,7 +124,7 @@ def _interval(values: np.ndarray, metric: str, chance: float, alpha: float) -> t
     if sd == 0.0:  # every example the same: the mean is exact
         return [mean, mean], (1.0 if mean == chance else 0.0)
     half = t_half_width(sd, n, alpha=alpha)
-    low, high = RANGES.get(metric, (-math.inf, math.inf))  # review 20: an accuracy's t interval reached -0.014
+    low, high = bounds or (-math.inf, math.inf)  # review 20: position's accuracy share's t interval reached -0.014
     return [max(mean - half, low), min(mean + half, high)], float(stats.ttest_1samp(values, chance).pvalue)
 
 
@@ -137,7 +136,8 @@ def _flat(x: Any) -> np.ndarray:
 
 def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, chance: float | None = None,
            vocab_size: int | None = None, n_classes: int | None = None, alpha: float = ALPHA,
-           floor: float | None = None, words: str | None = None, against: str | None = None) -> dict[str, Any] | None:
+           floor: float | None = None, words: str | None = None, against: str | None = None,
+           bounds: tuple[float, float] | None = None) -> dict[str, Any] | None:
     """Whether per-example clean metric values are within noise of chance (see the module doc).
 
     Returns {"at_chance", "below_chance" (the whole CI under chance), "metric", "mean", "chance_value",
@@ -145,7 +145,9 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
     0/1 accuracies), "floor", "n_examples", "reason"}, or None when the metric has no chance value.
     model_on_task and from_summary add what the chance value was computed from (`with_basis`). words and
     against name the values and their reference in the reason (default: the metric, "chance (<value>)"):
-    assess_per_row tests margins over each row's chance against 0."""
+    assess_per_row tests margins over each row's chance against 0. bounds: what the mean can be, where the values are
+    not 0/1 but bounded (position's accuracy per example, a share of several gold positions, in [0, 1]): the t
+    interval stops there."""
     values = _flat(values)
     values = values[np.isfinite(values)]
     if chance is None:
@@ -154,7 +156,7 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
         return None
     floor = FLOORS.get(metric, 0.0) if floor is None else floor
     mean = float(values.mean())
-    ci, p = _interval(values, metric, chance, alpha)
+    ci, p = _interval(values, metric, chance, alpha, bounds)
     words = words or _WORDS.get(metric, metric)
     ref = against or f"chance ({chance:.3g})"
     level = f"{100 * (1 - alpha):.0f}%"

@@ -628,8 +628,8 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
         from headscope.analyses.core import chance
 
         per_example = obs.groupby("example")["accuracy"].mean().to_numpy()  # [examples], over positions
-        out["chance"] = chance.with_basis(chance.assess(per_example, "accuracy", n_classes=sweeps[0].n_items),
-                                          task=task, n_classes=sweeps[0].n_items)
+        entry = chance.assess(per_example, "accuracy", n_classes=sweeps[0].n_items, bounds=(0.0, 1.0))  # shares
+        out["chance"] = chance.with_basis(entry, task=task, n_classes=sweeps[0].n_items)
         if out["chance"] is not None:  # greedy output scored by containing the value: chance is copying one of them
             out["chance"]["classes_from"] = "context"
             copied = obs["copied"].dropna() if "copied" in obs else obs["accuracy"].iloc[:0]

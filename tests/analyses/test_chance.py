@@ -242,18 +242,17 @@ def test_accuracy_uses_the_exact_binomial_test():
 
 def test_a_fractional_accuracys_interval_stays_within_0_and_1():
     """Review 20: position's accuracy per example is its share of several gold positions, so its interval is a t
-    interval, which read [-0.014, 0.0765] for a mean of 0.031; an accuracy's interval now stops at 0 (and at 1), the
-    t interval's other end kept."""
+    interval, which read [-0.014, 0.0765] for a mean of 0.031; with the bounds position passes, it stops at 0 (and at
+    1), the t interval's other end kept; without bounds (margins over chance, log-odds) the whole t interval."""
     shares = np.array([0.0] * 13 + [0.2, 0.4, 0.2])  # 16 examples, each the share of 5 positions answered right
-    out = chance.assess(shares, "accuracy", n_classes=17)
+    out = chance.assess(shares, "accuracy", n_classes=17, bounds=(0.0, 1.0))
     half = stats.t.ppf(0.975, 15) * shares.std(ddof=1) / np.sqrt(16)
     assert shares.mean() - half < 0  # the premise: the plain t interval reaches below 0
     assert out["ci"] == pytest.approx([0.0, shares.mean() + half]) and out["at_chance"] is True
-    full = chance.assess(1.0 - shares, "accuracy", n_classes=17)
+    full = chance.assess(1.0 - shares, "accuracy", n_classes=17, bounds=(0.0, 1.0))
     assert full["ci"] == pytest.approx([1.0 - shares.mean() - half, 1.0])
-    assert chance.assess([-0.1, -0.3, -0.2, -0.01], "logprob", vocab_size=4)["ci"][1] == 0.0  # a log-probability's at 0
-    logit = chance.assess(shares - 0.5, "logit_diff")  # an unbounded metric keeps the whole t interval
-    assert logit["ci"] == pytest.approx([shares.mean() - 0.5 - half, shares.mean() - 0.5 + half])
+    margins = chance.assess(shares - 0.05, "accuracy", chance=0.0)  # margins over chance: no bounds
+    assert margins["ci"] == pytest.approx([shares.mean() - 0.05 - half, shares.mean() - 0.05 + half])
 
 
 def test_chance_values_and_metrics_without_one():
@@ -429,6 +428,10 @@ def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_mod
         n, p0 = len(per_example), 1 / s["n_items"]
         tails = min(binom.cdf(k, n, p0), binom.sf(k - 1, n, p0))  # the central exact p (what the interval inverts)
         assert entry["p_value"] == pytest.approx(min(1.0, 2 * tails))
+    else:  # shares: scipy's t interval, cut at 0 and 1 (review 20: it read [-0.014, 0.0765])
+        x = per_example.to_numpy()
+        low, high = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x)) if x.std() else (x.mean(),) * 2
+        assert entry["ci"] == pytest.approx([max(low, 0.0), min(high, 1.0)])
     assert entry["at_chance"]  # a random GPT-2 does not retrieve
     assert entry["n_classes"] == s["n_items"] and entry["task"] == s["task"]  # what the chance sentence names
     # what the model produced, counted over every output (review 10b A2): the gold value, any of the context's values
