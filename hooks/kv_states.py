@@ -101,7 +101,9 @@ def cached_forward(model, step_input: torch.Tensor, cache: Any, start: int, *,
                    attention_mask: torch.Tensor | None = None, fwd: Sequence = ()) -> tuple[torch.Tensor, Any]:
     """One forward over step_input [batch, n] at positions start..start+n-1, extending `cache`.
     attention_mask [batch, start + n] (left padding, 1 = real token): the cached and new positions'
-    mask; each row's positions then count from its first real token. fwd: hooks for this pass."""
+    mask; each row's positions then count from its first real token. fwd: hooks for this pass. step_input moves to
+    the model's device (kv's eviction sweep keeps its tokens on the CPU; on CUDA the embedding refused them)."""
+    step_input = step_input.to(model.device)
     kw: dict[str, Any] = {}
     if attention_mask is None:
         position_ids = torch.arange(start, start + step_input.shape[1], device=step_input.device)

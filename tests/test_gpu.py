@@ -95,3 +95,21 @@ def test_tokens_given_on_cpu_are_moved_to_the_models_device(cuda_models):
     acts = hs.capture(model, tokens, [hs.site("pattern", 0)])
     assert acts[hs.site("pattern", 0)].device.type == DEVICE
     assert model.to_tokens("w1 w2 w3").device.type == DEVICE
+
+
+def test_kv_eviction_and_circuit_edges_on_cuda_equal_the_cpu_runs(cuda_models, tiny_models):
+    """2026-12-04's GPU check: `headscope report --device cuda` failed kv (the eviction sweep's answer step handed the
+    model CPU tokens) and circuits' edge attribution (EAP-IG's interpolation weights on the CPU). Both on a CPU-token
+    task, on the GPU, against the same runs on the CPU."""
+    from headscope.analyses.circuits.edges import edge_scores
+    from headscope.analyses.kv.eviction import eviction_sweep
+    from tests_support import pair_task
+
+    task = pair_task(n=4, n_pos=8)
+    assert task.tokens.device.type == "cpu"
+    runs = {where: (eviction_sweep(models["llama"], task, budgets=[2, 4], policies=("window",)),
+                    edge_scores(models["llama"], task, ig_steps=2)[1])
+            for where, models in (("cuda", cuda_models), ("cpu", tiny_models))}
+    (sweep, scores), (sweep_cpu, scores_cpu) = runs["cuda"], runs["cpu"]
+    assert len(sweep) == len(sweep_cpu) and (sweep["metric"] - sweep_cpu["metric"]).abs().max() <= 1e-3
+    assert torch.allclose(scores.cpu(), scores_cpu, atol=1e-3)

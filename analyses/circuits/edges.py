@@ -431,7 +431,8 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
             rows_clean += row_metric(lg_clean, pos[part], answers[part], wr).double().tolist()
             rows_corrupt += row_metric(lg_corr, pos[part], answers[part], wr).double().tolist()
             e_clean, e_corr = w_clean[:, :, 0], w_corr[:, :, 0]  # [b, pos, d] input embeddings
-            alpha = (torch.arange(ig_steps, dtype=torch.float32) / ig_steps).repeat_interleave(b)  # [steps*b]
+            alpha = (torch.arange(ig_steps, dtype=torch.float32, device=e_clean.device) / ig_steps  # on CUDA too
+                     ).repeat_interleave(b)  # [steps*b]
             embed = e_corr.repeat(ig_steps, 1, 1) + alpha[:, None, None] * (e_clean - e_corr).repeat(ig_steps, 1, 1)
             embed = embed.to(model.device, model.dtype)
             leaves: dict[str, torch.Tensor] = {}
