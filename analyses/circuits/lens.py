@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from headscope.analyses.core.metrics import spacing
 from headscope.errors import ConfigError
 from headscope.hooks import site
 from headscope.hooks.residual import final_softcap  # the reader the cache's logit_attrs shares
@@ -114,8 +115,7 @@ def lens_readout(model, acts, positions: torch.Tensor, targets: torch.Tensor,
             tgt_logit = logits.gather(-1, tgt_ids.to(logits.device)[..., None])  # [batch, kc, 1]
             logprob[i, :, cols] = (tgt_logit - logits.logsumexp(-1, keepdim=True))[..., 0].cpu()
             rank[i, :, cols] = (logits > tgt_logit).sum(-1).cpu()  # strictly larger logits
-            _, exponent = torch.frexp(tgt_logit.abs())  # |x| = m 2^e, m in [0.5, 1)
-            step = torch.finfo(raw.dtype).eps * torch.pow(2.0, (exponent - 1).float())  # [batch, kc, 1] one step
+            step = spacing(raw.dtype, tgt_logit)  # [batch, kc, 1] one step of the model's dtype there
             close = (logits >= tgt_logit - step).sum(-1) > 1  # [batch, kc]: another token within a step (or tied)
             near[i, :, cols] = (close & ((logits > tgt_logit).sum(-1) == 0)).cpu()
             if wrong is not None:

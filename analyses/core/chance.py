@@ -123,9 +123,16 @@ def _interval(values: np.ndarray, metric: str, chance: float, alpha: float,
     mean, sd = float(values.mean()), float(values.std(ddof=1))
     if sd == 0.0:  # every example the same: the mean is exact
         return [mean, mean], (1.0 if mean == chance else 0.0)
-    half = t_half_width(sd, n, alpha=alpha)
-    low, high = bounds or (-math.inf, math.inf)  # review 20: position's accuracy share's t interval reached -0.014
-    return [max(mean - half, low), min(mean + half, high)], float(stats.ttest_1samp(values, chance).pvalue)
+    half = t_half_width(sd, n, alpha=alpha)  # review 20: position's accuracy share's t interval reached -0.014
+    return cut([mean - half, mean + half], bounds), float(stats.ttest_1samp(values, chance).pvalue)
+
+
+def cut(ci: list[float] | None, bounds: tuple[float, float] | None) -> list[float] | None:
+    """An interval of a mean cut at `bounds`, what the mean can be (a probability's [0, 1]): a cut interval covers the
+    mean whenever the uncut one does. None and no bounds pass through."""
+    if ci is None or bounds is None:
+        return ci
+    return [max(ci[0], bounds[0]), min(ci[1], bounds[1])]
 
 
 def _flat(x: Any) -> np.ndarray:
@@ -573,15 +580,16 @@ def se_interval(mean: float, se: float | None, n: int, *, alpha: float = ALPHA) 
     return [float(mean) - half, float(mean) + half]
 
 
-def mean_interval(values: Sequence[float] | np.ndarray, *, alpha: float = ALPHA) -> list[float] | None:
+def mean_interval(values: Sequence[float] | np.ndarray, *, alpha: float = ALPHA,
+                  bounds: tuple[float, float] | None = None) -> list[float] | None:
     """The two-sided (1 - alpha) Student-t interval of the mean of the finite `values` ([lo, hi]; None
-    for fewer than two): what a summary records beside a mean over examples."""
+    for fewer than two): what a summary records beside a mean over examples; cut at `bounds` (`cut`)."""
     x = np.asarray(values, dtype=np.float64).ravel()
     x = x[np.isfinite(x)]
     if len(x) < 2:
         return None
     mean, half = float(x.mean()), t_half_width(float(x.std(ddof=1)), len(x), alpha=alpha)
-    return [mean - half, mean + half]
+    return cut([mean - half, mean + half], bounds)
 
 
 def mean_intervals(values: np.ndarray, *, axis: int = -1, where: np.ndarray | None = None,

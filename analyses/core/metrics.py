@@ -61,6 +61,13 @@ def noise_floor(dtype: torch.dtype, size: float | torch.Tensor) -> float | torch
     return eps * max(1.0, abs(float(size)))
 
 
+def spacing(dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:
+    """The spacing of `dtype`'s numbers at |x| (one rounding step there, elementwise, float32): eps(dtype) 2^(e - 1)
+    where |x| = m 2^e, m in [0.5, 1). The logit lens's top-1 ties and the MoE routing margins read it."""
+    _, exponent = torch.frexp(x.abs())
+    return torch.finfo(dtype).eps * torch.pow(2.0, (exponent - 1).float())
+
+
 def logit_diff(logits: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
     """[batch, pos, vocab] -> [batch]: logit(answer) - logit(wrong) at the last position (one-token answers),
     subtracted in at least float32: a bfloat16 subtraction rounds the difference to 8 bits again (review 17a B1:

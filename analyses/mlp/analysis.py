@@ -42,6 +42,7 @@ import headscope.hooks as hooks
 from headscope.analyses.core import chance
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
+from headscope.analyses.core.metrics import spacing
 from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
@@ -406,8 +407,7 @@ def routing_margins(model, task: Task, layers: Sequence[int],
         scores, words, computed = choice_scores(model, layer, acts[name])  # [batch, experts] what the router ranks
         ranked, order = scores.sort(-1, descending=True)  # [batch, experts] scores and the experts they belong to
         last, nxt = ranked[:, k - 1], ranked[:, k]  # [batch] the last chosen score and the next one (-inf: none)
-        _, exponent = torch.frexp(torch.maximum(last.abs(), nxt.abs()))  # |x| = m 2^e, m in [0.5, 1)
-        step = torch.finfo(computed).eps * torch.pow(2.0, (exponent - 1).float())  # [batch] one step there
+        step = spacing(computed, torch.maximum(last.abs(), nxt.abs()))  # [batch] one step there
         margin = torch.where(torch.isfinite(nxt), (last - nxt) / step, torch.full_like(step, float("inf")))  # [batch]
         within[str(layer)] = int((margin <= 1).sum())
         finite = margin[torch.isfinite(margin)]

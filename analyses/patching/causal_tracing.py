@@ -100,6 +100,9 @@ def _in_span(span: torch.Tensor, n_pos: int) -> torch.Tensor:
     return (positions >= span[:, :1]) & (positions < span[:, 1:])
 
 
+BOUNDS = {"prob": (0.0, 1.0), "logprob": (-np.inf, 0.0)}  # what a metric's mean can be: its intervals stop there
+
+
 @takes_prompt
 @names_source
 def causal_tracing(
@@ -167,8 +170,8 @@ def causal_tracing(
         "clean_metric": float(clean_rows.mean()),
         "corrupted_metric": float(noised_rows.mean()),
         # review 20: the finding's drop had no interval: 95% t intervals over prompts, the drop's paired
-        "clean_metric_ci": _within(mean_interval(clean_rows.numpy()), pm.name),
-        "corrupted_metric_ci": _within(mean_interval(noised_rows.numpy()), pm.name),
+        "clean_metric_ci": mean_interval(clean_rows.numpy(), bounds=BOUNDS.get(pm.name)),
+        "corrupted_metric_ci": mean_interval(noised_rows.numpy(), bounds=BOUNDS.get(pm.name)),
         "drop_ci": mean_interval((clean_rows - noised_rows).numpy()),
         "noise_std": noise_std,
         "n_samples": n_samples,
@@ -180,13 +183,6 @@ def causal_tracing(
                   "window": window, "seed": cfg.seed}
     return Result(name="patching", df=df, summary=summary,
                   tables={"causal_tracing": df, "causal_tracing_roles": by_role}, config=config_out)
-
-
-def _within(ci: list[float] | None, metric: str) -> list[float] | None:
-    """A t interval of a mean cut at what the metric can be (a probability in [0, 1], a log-probability <= 0): the
-    mean it covers cannot lie beyond."""
-    low, high = {"prob": (0.0, 1.0), "logprob": (-np.inf, 0.0)}.get(metric, (-np.inf, np.inf))
-    return None if ci is None else [max(ci[0], low), min(ci[1], high)]
 
 
 def _checked_inputs(model, task: Task, cfg: TracingConfig) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
